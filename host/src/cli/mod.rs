@@ -1,0 +1,136 @@
+//! The command line (`wasmrelay --help`): argument definitions and dispatch
+//! to each subcommand. Nothing here does the work itself.
+
+mod message_json;
+mod plugin_test;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Args, Parser, Subcommand};
+
+use crate::plugin::World;
+use crate::telemetry::LogFormat;
+
+pub use message_json::{MessageLine, parse_message_line, render_output_message};
+
+/// wasmrelay: a Kafka message relay with WebAssembly plugins.
+#[derive(Debug, Parser)]
+#[command(name = "wasmrelay", version, about, long_about = None, propagate_version = true)]
+pub struct Cli {
+    /// Log line format on stderr: `text` for people, `json` for log shippers.
+    #[arg(long, global = true, value_enum, default_value_t = LogFormat::Text, env = "WASMRELAY_LOG_FORMAT")]
+    pub log_format: LogFormat,
+
+    /// The subcommand to run.
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// wasmrelay's subcommands.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Work with plugins (Wasm components) without running a relay.
+    #[command(subcommand)]
+    Plugin(PluginCommand),
+}
+
+/// `wasmrelay plugin ...`
+#[derive(Debug, Subcommand)]
+pub enum PluginCommand {
+    /// Run a plugin over JSON lines and print what it does with each message.
+    ///
+    /// Input (stdin, or --input FILE): one message per line,
+    /// `{"key": "...", "value": "...", "headers": {"name": "value"}}`; use
+    /// `key_b64` / `value_b64` for binary data; `topic`, `partition`, `offset`
+    /// and `timestamp_ms` are optional. For a router plugin a line may instead
+    /// be `{"place": {"process_id": "p1", "nodes": [{"node_id": "a", "live":
+    /// true, "connections": 3, "quota": 10}]}}` to try its placement.
+    ///
+    /// Output (stdout): one line per emitted message in the same shape with
+    /// `"input": N` (the input's line number); `{"input": N, "dead_letter":
+    /// "reason"}`, `{"input": N, "error": "..."}`; for a router `{"input": N,
+    /// "route": "process-id" | null}` or `{"input": N, "place": "node" | null}`.
+    ///
+    /// Exit status: 0 when every line was run (plugin errors are output, not
+    /// failures), 1 when the plugin cannot be loaded, 2 for bad input.
+    Test(PluginTestArgs),
+}
+
+/// Arguments of `wasmrelay plugin test`.
+#[derive(Debug, Args)]
+pub struct PluginTestArgs {
+    /// The plugin component (`.wasm`, built for wasm32-wasip2).
+    pub plugin: PathBuf,
+
+    /// The world the plugin must implement; detected from its exports when omitted.
+    #[arg(long, value_parser = parse_world)]
+    pub world: Option<World>,
+
+    /// A config value for the plugin, as `key=value`; repeat for more.
+    #[arg(long = "config", value_name = "KEY=VALUE", value_parser = parse_config_entry)]
+    pub config: Vec<(String, String)>,
+
+    /// Read messages from this file instead of stdin.
+    #[arg(long, value_name = "FILE")]
+    pub input: Option<PathBuf>,
+
+    /// Call `process-batch` with up to N messages at a time instead of
+    /// `process` per message (processor plugins).
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
+    pub batch: Option<u32>,
+
+    /// Deadline of one call, in milliseconds.
+    #[arg(long, value_name = "MS", default_value_t = 100)]
+    pub deadline_ms: u64,
+
+    /// Memory cap of the plugin instance, in MiB.
+    #[arg(long, value_name = "MIB", default_value_t = 64)]
+    pub memory_mib: u64,
+}
+
+fn parse_world(s: &str) -> Result<World, String> {
+    s.parse()
+}
+
+fn parse_config_entry(s: &str) -> Result<(String, String), String> {
+    match s.split_once('=') {
+        Some((key, _)) if key.trim().is_empty() => {
+            Err(format!("`{s}`: the key before `=` is empty"))
+        }
+        Some((key, value)) => Ok((key.trim().to_string(), value.to_string())),
+        None => Err(format!("`{s}` is not of the form key=value")),
+    }
+}
+
+/// Runs the parsed command line and says how the process should exit.
+pub fn run(cli: Cli) -> ExitCode {
+    match cli.command {
+        Command::Plugin(PluginCommand::Test(args)) => plugin_test::run(args),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn config_entries_need_a_key_and_an_equals_sign() {
+        assert_eq!(
+            parse_config_entry("field=a=b").unwrap(),
+            ("field".to_string(), "a=b".to_string())
+        );
+        assert!(
+            parse_config_entry("novalue")
+                .unwrap_err()
+                .contains("key=value")
+        );
+        assert!(parse_config_entry("=x").unwrap_err().contains("empty"));
+    }
+
+    #[test]
+    fn cli_definition_is_consistent() {
+        use clap::CommandFactory;
+        Cli::command().debug_assert();
+    }
+}

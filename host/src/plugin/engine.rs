@@ -1,0 +1,232 @@
+//! The one wasmtime engine of a relay process and the linker every plugin is
+//! linked with.
+//!
+//! Owns: engine configuration (component model, epoch interruption, pooling
+//! allocator with an on-demand fallback), the epoch ticker thread that makes
+//! call deadlines work, the limits every instance runs under, and the linker
+//! (the `host` interface plus WASI p2 with a context that grants nothing).
+//! Loading a plugin version is in [`super::version`]; swapping versions is in
+//! [`super::registry`].
+
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use wasmtime::component::{HasSelf, Linker};
+use wasmtime::{Config, Engine, InstanceAllocationStrategy, PoolingAllocationConfig};
+
+use super::bindings;
+use super::error::{PluginError, World};
+use super::state::{HostState, PluginConfig};
+use super::version::PluginVersion;
+
+/// How often the epoch ticker advances the engine's epoch. Deadlines are
+/// rounded up to whole ticks, so this is also the precision of a deadline.
+pub const EPOCH_TICK: Duration = Duration::from_millis(5);
+
+/// The limits every plugin instance runs under.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct PluginLimits {
+    /// Longest a single call (one message, or one batch) may run before it is
+    /// interrupted and reported as a timeout.
+    #[serde(with = "humantime_millis")]
+    pub call_deadline: Duration,
+    /// Largest linear memory one instance may grow to, in bytes.
+    pub memory_cap_bytes: u64,
+    /// Most instances alive at once across all plugins (bounds the pooling
+    /// allocator's reservation).
+    pub max_instances: u32,
+    /// Most idle instances kept per plugin version for reuse.
+    pub max_idle_instances: usize,
+}
+
+impl Default for PluginLimits {
+    fn default() -> Self {
+        PluginLimits {
+            call_deadline: Duration::from_millis(100),
+            memory_cap_bytes: 64 * 1024 * 1024,
+            max_instances: 256,
+            max_idle_instances: 16,
+        }
+    }
+}
+
+/// Serialises a `Duration` as whole milliseconds (`call_deadline = 100`).
+mod humantime_millis {
+    use std::time::Duration;
+
+    pub(super) fn serialize<S: serde::Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_u64(d.as_millis() as u64)
+    }
+
+    pub(super) fn deserialize<'de, D: serde::Deserializer<'de>>(
+        d: D,
+    ) -> Result<Duration, D::Error> {
+        let millis = <u64 as serde::Deserialize>::deserialize(d)?;
+        Ok(Duration::from_millis(millis))
+    }
+}
+
+/// The plugin runtime: one engine, one linker, the limits. Cheap to clone.
+#[derive(Clone)]
+pub struct PluginRuntime {
+    pub(crate) inner: Arc<RuntimeInner>,
+}
+
+pub(crate) struct RuntimeInner {
+    pub(crate) engine: Engine,
+    pub(crate) linker: Linker<HostState>,
+    pub(crate) limits: PluginLimits,
+    pub(crate) pooling: bool,
+}
+
+impl std::fmt::Debug for PluginRuntime {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PluginRuntime")
+            .field("limits", &self.inner.limits)
+            .field("pooling", &self.inner.pooling)
+            .finish()
+    }
+}
+
+impl PluginRuntime {
+    /// Builds the engine (pooling allocator when the machine allows it, else
+    /// on-demand allocation), starts the epoch ticker and fills the linker.
+    pub fn new(limits: PluginLimits) -> anyhow::Result<Self> {
+        let (engine, pooling) = match Engine::new(&engine_config(&limits, true)) {
+            Ok(engine) => (engine, true),
+            Err(error) => {
+                tracing::warn!(
+                    error = %format!("{error:#}"),
+                    "pooling allocator unavailable (not enough virtual address space?); using on-demand allocation"
+                );
+                let engine = Engine::new(&engine_config(&limits, false))
+                    .map_err(|e| anyhow::anyhow!("creating the wasmtime engine: {e:#}"))?;
+                (engine, false)
+            }
+        };
+        spawn_epoch_ticker(&engine);
+        let linker = build_linker(&engine)
+            .map_err(|e| anyhow::anyhow!("filling the plugin linker: {e:#}"))?;
+        Ok(PluginRuntime {
+            inner: Arc::new(RuntimeInner {
+                engine,
+                linker,
+                limits,
+                pooling,
+            }),
+        })
+    }
+
+    /// The limits every instance runs under.
+    pub fn limits(&self) -> &PluginLimits {
+        &self.inner.limits
+    }
+
+    /// Whether the pooling allocator is in use (false: on-demand fallback).
+    pub fn uses_pooling_allocator(&self) -> bool {
+        self.inner.pooling
+    }
+
+    /// Compiles, links and instantiates a plugin file. This blocks for as
+    /// long as compilation takes (up to seconds): call it off the async
+    /// workers, or use [`PluginRuntime::load_file_async`].
+    ///
+    /// `expected` is the world the caller needs; `None` accepts either and
+    /// tells which one the component implements.
+    pub fn load_file(
+        &self,
+        name: &str,
+        path: &Path,
+        config: Arc<PluginConfig>,
+        expected: Option<World>,
+    ) -> Result<PluginVersion, PluginError> {
+        let bytes = std::fs::read(path).map_err(|e| PluginError::Load {
+            file: path.to_path_buf(),
+            cause: format!("reading the file: {e}"),
+        })?;
+        PluginVersion::load(self.clone(), name, path, &bytes, config, expected)
+    }
+
+    /// [`PluginRuntime::load_file`] on tokio's blocking pool.
+    pub async fn load_file_async(
+        &self,
+        name: &str,
+        path: &Path,
+        config: Arc<PluginConfig>,
+        expected: Option<World>,
+    ) -> Result<PluginVersion, PluginError> {
+        let runtime = self.clone();
+        let name = name.to_string();
+        let path_buf = path.to_path_buf();
+        tokio::task::spawn_blocking(move || runtime.load_file(&name, &path_buf, config, expected))
+            .await
+            .map_err(|e| PluginError::Load {
+                file: path.to_path_buf(),
+                cause: format!("the compile task failed: {e}"),
+            })?
+    }
+}
+
+fn engine_config(limits: &PluginLimits, pooling: bool) -> Config {
+    let mut config = Config::new();
+    config.wasm_component_model(true);
+    config.epoch_interruption(true);
+    if pooling {
+        let instances = limits.max_instances.max(1);
+        let mut pool = PoolingAllocationConfig::default();
+        // A Rust wasip2 component has a handful of core instances (the
+        // program plus adapter shims) and usually one memory; leave room for
+        // composed components.
+        pool.total_component_instances(instances)
+            .total_core_instances(instances.saturating_mul(8))
+            .total_memories(instances.saturating_mul(2))
+            .total_tables(instances.saturating_mul(4))
+            .total_stacks(instances)
+            .max_core_instances_per_component(64)
+            .max_memories_per_component(16)
+            .max_tables_per_component(32)
+            .max_memories_per_module(2)
+            .max_tables_per_module(4)
+            .max_memory_size(usize::try_from(limits.memory_cap_bytes).unwrap_or(usize::MAX))
+            .max_component_instance_size(1 << 20)
+            .max_core_instance_size(1 << 20)
+            .max_unused_warm_slots(instances / 4);
+        config.allocation_strategy(InstanceAllocationStrategy::Pooling(pool));
+    }
+    config
+}
+
+/// Advances the epoch every [`EPOCH_TICK`] until the engine is dropped.
+fn spawn_epoch_ticker(engine: &Engine) {
+    let weak = engine.weak();
+    let spawned = std::thread::Builder::new()
+        .name("wasm-epoch-ticker".into())
+        .spawn(move || {
+            loop {
+                std::thread::sleep(EPOCH_TICK);
+                match weak.upgrade() {
+                    Some(engine) => engine.increment_epoch(),
+                    None => break,
+                }
+            }
+        });
+    if let Err(error) = spawned {
+        // Without the ticker deadlines never fire; that must not go unnoticed.
+        tracing::error!(%error, "could not start the epoch ticker; plugin deadlines will not be enforced");
+    }
+}
+
+/// The linker: the `host` interface, and WASI p2 (synchronous bindings) whose
+/// context grants nothing. Anything else a component imports fails to link,
+/// which is how a disallowed import is refused before a version is swapped in.
+fn build_linker(engine: &Engine) -> wasmtime::Result<Linker<HostState>> {
+    let mut linker = Linker::new(engine);
+    wasmtime_wasi::p2::add_to_linker_sync(&mut linker)?;
+    bindings::processor::wasmrelay::plugin::host::add_to_linker::<HostState, HasSelf<HostState>>(
+        &mut linker,
+        |state| state,
+    )?;
+    Ok(linker)
+}

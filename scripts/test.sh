@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# The whole test suite, as CI runs it (.ci/run calls this): installs what it
+# needs, checks formatting and lints, builds the example plugins, runs every
+# test with nextest. Extra arguments go to `cargo nextest run`.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+say() { printf '\033[1m==> %s\033[0m\n' "$*" >&2; }
+
+scripts/setup.sh
+
+say "cargo fmt --check (host and plugins)"
+cargo fmt --all -- --check
+(cd plugins && cargo fmt --all -- --check)
+
+say "building the example plugins (wasm32-wasip2)"
+plugins/build.sh >/dev/null
+
+say "cargo clippy -D warnings (host and plugins)"
+cargo clippy --workspace --all-targets --locked -- -D warnings
+(cd plugins && cargo clippy --workspace --target wasm32-wasip2 --locked -- -D warnings)
+
+say "running the tests"
+cargo nextest run --workspace --locked --no-fail-fast "$@"
