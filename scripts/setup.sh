@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs what building, testing and the demo need, skipping whatever is
-# already there: the wasm32-wasip2 Rust target (plugins are built for it) and
-# cargo-nextest (the test runner). Safe to run again and again.
+# already there: the wasm32-wasip2 Rust target (plugins are built for it),
+# cargo-nextest (the test runner) and tansu (the Kafka broker the integration
+# tests start). Safe to run again and again.
 set -euo pipefail
 
 say() { printf '\033[1m==> %s\033[0m\n' "$*" >&2; }
@@ -19,4 +20,12 @@ fi
 if ! cargo nextest --version >/dev/null 2>&1; then
   say "installing cargo-nextest (the test runner)"
   cargo install cargo-nextest --locked
+fi
+
+# tansu: the Kafka-compatible broker the integration tests start (in memory,
+# one per test). A long build (10-30 minutes) the first time only.
+if ! tansu --version 2>/dev/null | grep -qx 'tansu 0\.6\.0' \
+  && ! "${CARGO_HOME:-$HOME/.cargo}/bin/tansu" --version 2>/dev/null | grep -qx 'tansu 0\.6\.0'; then
+  say "installing tansu 0.6.0 (the Kafka broker of the integration tests; a long build)"
+  cargo install tansu --version 0.6.0 --features dynostore --locked
 fi

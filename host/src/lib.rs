@@ -3,6 +3,11 @@
 //! This library is the `wasmrelay` binary's implementation; `main.rs` only
 //! parses the command line and calls into [`cli`].
 
+pub mod admin;
 pub mod cli;
+pub mod config;
+pub mod flow;
+pub mod kafka;
+pub mod node;
 pub mod plugin;
 pub mod telemetry;

@@ -115,7 +115,13 @@ async fn wait_until_seen(observed: &Mutex<Observed>, tag: &str, since: Instant) 
 /// The shared scenario: `install(dir, version, bytes)` puts a version in place.
 async fn reload_under_load(install: impl Fn(&Path, u32, &[u8])) {
     let dir = tempfile::tempdir().unwrap();
-    let runtime = PluginRuntime::new(PluginLimits::default()).unwrap();
+    // The deadline is not under test here; a loaded CI machine can stall a
+    // thread for longer than the default 100 ms.
+    let runtime = PluginRuntime::new(PluginLimits {
+        call_deadline: Duration::from_secs(5),
+        ..PluginLimits::default()
+    })
+    .unwrap();
     let tag_of_sha = Arc::new(Mutex::new(HashMap::new()));
     let register = |version: u32| {
         let bytes = support::version_tag_bytes(version);

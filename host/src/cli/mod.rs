@@ -3,6 +3,7 @@
 
 mod message_json;
 mod plugin_test;
+mod run;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -30,6 +31,12 @@ pub struct Cli {
 /// wasmrelay's subcommands.
 #[derive(Debug, Subcommand)]
 pub enum Command {
+    /// Run a relay node with the given config file.
+    ///
+    /// Stops on SIGTERM or SIGINT: fetching stops, messages in flight are
+    /// finished within the config's `shutdown_grace`, offsets committed,
+    /// then exit 0. A second signal exits at once.
+    Run(RunArgs),
     /// Work with plugins (Wasm components) without running a relay.
     #[command(subcommand)]
     Plugin(PluginCommand),
@@ -55,6 +62,15 @@ pub enum PluginCommand {
     /// Exit status: 0 when every line was run (plugin errors are output, not
     /// failures), 1 when the plugin cannot be loaded, 2 for bad input.
     Test(PluginTestArgs),
+}
+
+/// Arguments of `wasmrelay run`.
+#[derive(Debug, Args)]
+pub struct RunArgs {
+    /// The relay's config file (TOML). `${VAR}` and `${VAR:-default}` are
+    /// replaced with environment variables.
+    #[arg(long, short, value_name = "FILE", env = "WASMRELAY_CONFIG")]
+    pub config: PathBuf,
 }
 
 /// Arguments of `wasmrelay plugin test`.
@@ -106,6 +122,7 @@ fn parse_config_entry(s: &str) -> Result<(String, String), String> {
 /// Runs the parsed command line and says how the process should exit.
 pub fn run(cli: Cli) -> ExitCode {
     match cli.command {
+        Command::Run(args) => run::run(args),
         Command::Plugin(PluginCommand::Test(args)) => plugin_test::run(args),
     }
 }

@@ -31,6 +31,9 @@ pub struct PluginRegistry {
     dir: PathBuf,
     configs: BTreeMap<String, Arc<PluginConfig>>,
     slots: RwLock<HashMap<String, Arc<PluginSlot>>>,
+    /// Failed loads of plugins that have no serving version yet, so the
+    /// same bad bytes are not recompiled (and re-reported) on every scan.
+    failed_new: Mutex<HashMap<String, LoadFailure>>,
     /// Serialises scans: two events in a row must not compile the same file twice.
     scanning: tokio::sync::Mutex<()>,
 }
@@ -150,6 +153,7 @@ impl PluginRegistry {
                 .map(|(name, config)| (name, Arc::new(config)))
                 .collect(),
             slots: RwLock::new(HashMap::new()),
+            failed_new: Mutex::new(HashMap::new()),
             scanning: tokio::sync::Mutex::new(()),
         }
     }
@@ -253,6 +257,16 @@ impl PluginRegistry {
             if already_failed {
                 return;
             }
+        } else {
+            let already_failed = self
+                .failed_new
+                .lock()
+                .ok()
+                .and_then(|failed| failed.get(name).map(|f| f.sha256 == sha256))
+                .unwrap_or(false);
+            if already_failed {
+                return;
+            }
         }
 
         let config = self.configs.get(name).cloned().unwrap_or_default();
@@ -295,6 +309,9 @@ impl PluginRegistry {
                 if let Ok(mut slots) = self.slots.write() {
                     slots.insert(name.to_string(), slot);
                 }
+                if let Ok(mut failed) = self.failed_new.lock() {
+                    failed.remove(name);
+                }
                 report.added.push(label);
             }
             (Err(error), slot) => {
@@ -306,14 +323,22 @@ impl PluginRegistry {
                     ),
                     None => tracing::error!(error = %error, "plugin failed to load"),
                 }
-                if let Some(slot) = slot
-                    && let Ok(mut failure) = slot.last_failure.lock()
-                {
-                    *failure = Some(LoadFailure {
-                        sha256,
-                        at: SystemTime::now(),
-                        error: error.to_string(),
-                    });
+                let failure = LoadFailure {
+                    sha256,
+                    at: SystemTime::now(),
+                    error: error.to_string(),
+                };
+                match slot {
+                    Some(slot) => {
+                        if let Ok(mut last) = slot.last_failure.lock() {
+                            *last = Some(failure);
+                        }
+                    }
+                    None => {
+                        if let Ok(mut failed) = self.failed_new.lock() {
+                            failed.insert(name.to_string(), failure);
+                        }
+                    }
                 }
                 report.failed.push(error);
             }

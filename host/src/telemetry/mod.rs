@@ -1,5 +1,8 @@
-//! Logging set-up: `tracing` to stderr, readable text by default or JSON
-//! lines for log shippers; the level comes from `RUST_LOG` (default `info`).
+//! Logs and metrics. Logging: `tracing` to stderr, readable text by default
+//! or JSON lines for log shippers; the level comes from `RUST_LOG` (default
+//! `info`). Metrics: [`metrics`].
+
+pub mod metrics;
 
 use tracing_subscriber::EnvFilter;
 

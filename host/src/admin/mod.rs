@@ -1,0 +1,127 @@
+//! The admin HTTP API, on its own listener apart from the data path:
+//! `/healthz` (the process is up), `/readyz` (links connected, plugins
+//! loaded, not shutting down), `/metrics` (Prometheus text), `/plugins`
+//! (loaded versions).
+//!
+//! Owns: routing and rendering. The state it shows belongs to the modules
+//! that own it; they hand it over through [`AdminState`].
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use axum::Json;
+use axum::Router;
+use axum::extract::State;
+use axum::http::{StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use serde_json::json;
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+
+use crate::plugin::PluginRegistry;
+use crate::telemetry::metrics::RelayMetrics;
+
+/// What the admin API shows.
+#[derive(Debug)]
+pub struct AdminState {
+    /// The node's id.
+    pub node_id: String,
+    /// Metrics to render.
+    pub metrics: Arc<RelayMetrics>,
+    /// The plugins.
+    pub plugins: Arc<PluginRegistry>,
+    /// True once everything started; false again when shutting down.
+    pub ready: AtomicBool,
+}
+
+impl AdminState {
+    /// Marks the node ready (or not) for `/readyz`.
+    pub fn set_ready(&self, ready: bool) {
+        self.ready.store(ready, Ordering::SeqCst);
+    }
+}
+
+/// The routes of the admin API.
+pub fn router(state: Arc<AdminState>) -> Router {
+    Router::new()
+        .route("/healthz", get(healthz))
+        .route("/readyz", get(readyz))
+        .route("/metrics", get(metrics))
+        .route("/plugins", get(plugins))
+        .fallback(not_found)
+        .with_state(state)
+}
+
+/// Binds the admin listener (so that a port in use fails start-up with a clear error).
+pub async fn bind(addr: SocketAddr) -> anyhow::Result<TcpListener> {
+    TcpListener::bind(addr)
+        .await
+        .map_err(|e| anyhow::anyhow!("binding the admin listener on {addr}: {e}"))
+}
+
+/// Serves the admin API until `shutdown` is cancelled.
+pub async fn serve(
+    listener: TcpListener,
+    state: Arc<AdminState>,
+    shutdown: CancellationToken,
+) -> anyhow::Result<()> {
+    axum::serve(listener, router(state))
+        .with_graceful_shutdown(async move { shutdown.cancelled().await })
+        .await
+        .map_err(|e| anyhow::anyhow!("admin server: {e}"))
+}
+
+async fn healthz() -> &'static str {
+    "ok\n"
+}
+
+async fn readyz(State(state): State<Arc<AdminState>>) -> Response {
+    if state.ready.load(Ordering::SeqCst) {
+        (StatusCode::OK, "ready\n").into_response()
+    } else {
+        (StatusCode::SERVICE_UNAVAILABLE, "not ready\n").into_response()
+    }
+}
+
+async fn metrics(State(state): State<Arc<AdminState>>) -> Response {
+    (
+        [(
+            header::CONTENT_TYPE,
+            "text/plain; version=0.0.4; charset=utf-8",
+        )],
+        state.metrics.render(),
+    )
+        .into_response()
+}
+
+async fn plugins(State(state): State<Arc<AdminState>>) -> Json<serde_json::Value> {
+    let plugins: Vec<serde_json::Value> = state
+        .plugins
+        .plugins()
+        .into_iter()
+        .map(|p| {
+            json!({
+                "name": p.name,
+                "world": p.world,
+                "sha256": p.sha256,
+                "file": p.file,
+                "loaded_at_ms": p.loaded_at.duration_since(std::time::UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0),
+                "swaps": p.swaps,
+                "calls": p.stats.calls,
+                "errors": p.stats.errors,
+                "last_failure": p.last_failure.map(|f| json!({"sha256": f.sha256, "error": f.error})),
+            })
+        })
+        .collect();
+    Json(json!({"node": state.node_id, "plugins": plugins}))
+}
+
+async fn not_found() -> Response {
+    (
+        StatusCode::NOT_FOUND,
+        Json(json!({"error": "no such endpoint; try /healthz, /readyz, /metrics, /plugins"})),
+    )
+        .into_response()
+}

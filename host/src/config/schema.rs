@@ -1,0 +1,243 @@
+//! The relay's config file (TOML), as Rust types: every field documented,
+//! unknown keys rejected, defaults as functions. Loading, `${VAR}`
+//! interpolation and validation live in the parent module.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+/// The whole config file.
+#[derive(Clone, Debug, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct RelayConfig {
+    /// This relay node.
+    #[serde(default)]
+    pub node: NodeConfig,
+    /// The admin HTTP listener (health, readiness, metrics, state).
+    #[serde(default)]
+    pub admin: AdminConfig,
+    /// Where plugins come from and the limits they run under.
+    pub plugins: PluginsConfig,
+    /// Kafka connections by link id (`[links.main]`). Flows name a link.
+    pub links: BTreeMap<String, LinkConfig>,
+    /// The message flows (`[[flows]]`).
+    pub flows: Vec<FlowConfig>,
+    /// How long a graceful shutdown may take to finish in-flight work.
+    #[serde(default = "default_shutdown_grace", with = "humantime_serde")]
+    pub shutdown_grace: Duration,
+}
+
+/// This relay node.
+#[derive(Clone, Debug, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct NodeConfig {
+    /// The node's id: in logs, metrics, and (for clusters) the node table.
+    /// Defaults to the host name.
+    #[serde(default = "default_node_id")]
+    pub id: String,
+}
+
+impl Default for NodeConfig {
+    fn default() -> Self {
+        NodeConfig {
+            id: default_node_id(),
+        }
+    }
+}
+
+/// The admin HTTP listener, apart from the data path.
+#[derive(Clone, Debug, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct AdminConfig {
+    /// Address to listen on. Localhost by default: expose it deliberately.
+    #[serde(default = "default_admin_listen")]
+    pub listen: SocketAddr,
+    /// Bearer token required by endpoints that change state. When unset,
+    /// those endpoints are refused.
+    #[serde(default)]
+    pub token: Option<String>,
+}
+
+impl Default for AdminConfig {
+    fn default() -> Self {
+        AdminConfig {
+            listen: default_admin_listen(),
+            token: None,
+        }
+    }
+}
+
+/// Plugins: the watched directory, per-plugin config, limits.
+#[derive(Clone, Debug, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct PluginsConfig {
+    /// Directory of `*.wasm` components; a plugin's name is its file name
+    /// without `.wasm`. Watched for new versions.
+    pub dir: PathBuf,
+    /// Whether to watch the directory and swap in new versions.
+    #[serde(default = "default_true")]
+    pub watch: bool,
+    /// Longest one plugin call may run.
+    #[serde(default = "default_call_deadline", with = "humantime_serde")]
+    pub call_deadline: Duration,
+    /// Largest memory of one plugin instance, in MiB.
+    #[serde(default = "default_memory_cap_mib")]
+    pub memory_cap_mib: u64,
+    /// Config values of each plugin by plugin name
+    /// (`[plugins.config.json-enrich] field = "x"`).
+    #[serde(default)]
+    pub config: BTreeMap<String, BTreeMap<String, String>>,
+}
+
+/// One Kafka connection.
+#[derive(Clone, Debug, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct LinkConfig {
+    /// `bootstrap.servers`: comma-separated `host:port` list.
+    pub bootstrap_servers: String,
+    /// Other librdkafka properties passed through as they are
+    /// (`"security.protocol" = "sasl_ssl"`, `"sasl.username" = "..."`).
+    /// Properties the relay manages itself (group.id, enable.auto.commit,
+    /// enable.auto.offset.store, ...) are refused here.
+    #[serde(default)]
+    pub options: BTreeMap<String, String>,
+}
+
+/// One message flow: consume, process, deliver, return.
+#[derive(Clone, Debug, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct FlowConfig {
+    /// The flow's name: in logs, metrics and dead-letter headers.
+    pub name: String,
+    /// The link (a key of `[links]`) the flow consumes from and produces to.
+    pub link: String,
+    /// Topic to consume.
+    pub input_topic: String,
+    /// Consumer group; defaults to `wasmrelay-<flow name>`.
+    #[serde(default)]
+    pub group: Option<String>,
+    /// Service-call chain: processor plugins applied in order to each input.
+    #[serde(default)]
+    pub service_call: Vec<String>,
+    /// Where processed service calls go. Without it the flow is a transform:
+    /// the service-call chain's output is produced to `output_topic`.
+    #[serde(default)]
+    pub deliver: Option<DeliverConfig>,
+    /// Data-return chain: processor plugins applied in order to the
+    /// application's response (or, in a transform flow, after the
+    /// service-call chain).
+    #[serde(default)]
+    pub data_return: Vec<String>,
+    /// Topic data-returns (or transform output) are produced to.
+    pub output_topic: String,
+    /// Topic for messages that cannot be processed or delivered.
+    pub dead_letter_topic: String,
+    /// Retry policy for failed deliveries and plugin errors.
+    #[serde(default)]
+    pub retry: RetryConfig,
+    /// Most messages in flight per partition. 1 keeps order per partition;
+    /// more allows concurrency across keys (order is kept per key).
+    #[serde(default = "default_in_flight")]
+    pub max_in_flight_per_partition: usize,
+}
+
+/// Delivery target of a flow.
+#[derive(Clone, Debug, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, rename_all = "snake_case")]
+pub enum DeliverConfig {
+    /// HTTP POST to the application beside the relay.
+    App(AppTarget),
+}
+
+/// The application endpoint of a sidecar flow.
+#[derive(Clone, Debug, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct AppTarget {
+    /// URL the message value is POSTed to (`http://127.0.0.1:8080/calls`).
+    pub url: String,
+    /// Time allowed for one request.
+    #[serde(default = "default_app_timeout", with = "humantime_serde")]
+    pub timeout: Duration,
+    /// Most requests in flight to the application across all partitions.
+    #[serde(default = "default_app_concurrency")]
+    pub concurrency: usize,
+}
+
+/// Retry with exponential backoff, bounded by a time budget.
+#[derive(Clone, Debug, Deserialize, Serialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct RetryConfig {
+    /// First wait after a failure.
+    #[serde(default = "default_initial_backoff", with = "humantime_serde")]
+    pub initial_backoff: Duration,
+    /// Longest wait between two attempts.
+    #[serde(default = "default_max_backoff", with = "humantime_serde")]
+    pub max_backoff: Duration,
+    /// Total time spent retrying one message before it is dead-lettered.
+    #[serde(default = "default_retry_budget", with = "humantime_serde")]
+    pub budget: Duration,
+}
+
+impl Default for RetryConfig {
+    fn default() -> Self {
+        RetryConfig {
+            initial_backoff: default_initial_backoff(),
+            max_backoff: default_max_backoff(),
+            budget: default_retry_budget(),
+        }
+    }
+}
+
+fn default_node_id() -> String {
+    std::env::var("HOSTNAME")
+        .ok()
+        .filter(|h| !h.is_empty())
+        .unwrap_or_else(|| "wasmrelay".to_string())
+}
+
+fn default_admin_listen() -> SocketAddr {
+    SocketAddr::from(([127, 0, 0, 1], 9464))
+}
+
+fn default_shutdown_grace() -> Duration {
+    Duration::from_secs(30)
+}
+
+fn default_true() -> bool {
+    true
+}
+
+fn default_call_deadline() -> Duration {
+    Duration::from_millis(100)
+}
+
+fn default_memory_cap_mib() -> u64 {
+    64
+}
+
+fn default_in_flight() -> usize {
+    1
+}
+
+fn default_app_timeout() -> Duration {
+    Duration::from_secs(10)
+}
+
+fn default_app_concurrency() -> usize {
+    64
+}
+
+fn default_initial_backoff() -> Duration {
+    Duration::from_millis(100)
+}
+
+fn default_max_backoff() -> Duration {
+    Duration::from_secs(5)
+}
+
+fn default_retry_budget() -> Duration {
+    Duration::from_secs(60)
+}

@@ -1,0 +1,823 @@
+//! The rules a parsed config must follow that its types cannot express:
+//! names, topic names, broker addresses, properties the relay manages,
+//! plugin files that must exist, URLs, durations and ranges.
+//!
+//! Owns: [`validate`], which checks everything and reports every problem
+//! with the dotted key it is about.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use super::{
+    AppTarget, DeliverConfig, FlowConfig, LinkConfig, PluginsConfig, Problem, RelayConfig,
+    RetryConfig, key_segment,
+};
+
+/// Longest plugin call deadline allowed.
+const MAX_CALL_DEADLINE: Duration = Duration::from_secs(60);
+/// Largest plugin memory cap allowed, in MiB.
+const MAX_MEMORY_CAP_MIB: u64 = 4096;
+/// Longest Kafka topic name.
+const MAX_TOPIC_LEN: usize = 249;
+
+/// Checks every rule on `config` and returns all the problems found, in the
+/// order of the file. Also checks the file system: `plugins.dir` must be a
+/// directory and every plugin a flow names must be a file in it.
+pub fn validate(config: &RelayConfig) -> Result<(), Vec<Problem>> {
+    let mut problems = Problems::default();
+    if !is_identifier(&config.node.id) {
+        problems.push("node.id", not_identifier("node id", &config.node.id));
+    }
+    if let Some(token) = &config.admin.token
+        && token.trim().is_empty()
+    {
+        problems.push(
+            "admin.token",
+            "must not be empty: set a token, or remove the key to refuse the endpoints that \
+             change state",
+        );
+    }
+    let plugin_files = check_plugins(&config.plugins, &mut problems);
+    check_links(&config.links, &mut problems);
+    if config.flows.is_empty() {
+        problems.push("flows", "at least one flow (`[[flows]]`) is required");
+    }
+    for (index, flow) in config.flows.iter().enumerate() {
+        check_flow(config, index, flow, plugin_files, &mut problems);
+    }
+    problems.finish()
+}
+
+/// Problems found so far.
+#[derive(Default)]
+struct Problems(Vec<Problem>);
+
+impl Problems {
+    fn push(&mut self, key: impl Into<String>, problem: impl Into<String>) {
+        self.0.push(Problem {
+            key: key.into(),
+            problem: problem.into(),
+        });
+    }
+
+    fn finish(self) -> Result<(), Vec<Problem>> {
+        if self.0.is_empty() {
+            Ok(())
+        } else {
+            Err(self.0)
+        }
+    }
+}
+
+/// `[A-Za-z0-9._-]+`: node ids, link ids, flow names, plugin names.
+fn is_identifier(name: &str) -> bool {
+    !name.is_empty()
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
+}
+
+fn not_identifier(what: &str, name: &str) -> String {
+    format!("{what} `{name}` is not valid: use one or more ASCII letters, digits, `.`, `_` or `-`")
+}
+
+/// Checks `[plugins]`. Returns whether plugin files can be checked (the
+/// directory exists).
+fn check_plugins(plugins: &PluginsConfig, problems: &mut Problems) -> bool {
+    let dir = &plugins.dir;
+    let dir_ok = match std::fs::metadata(dir) {
+        Ok(meta) if meta.is_dir() => true,
+        Ok(_) => {
+            problems.push(
+                "plugins.dir",
+                format!("{} is not a directory", dir.display()),
+            );
+            false
+        }
+        Err(e) => {
+            let why = if e.kind() == std::io::ErrorKind::NotFound {
+                "does not exist".to_string()
+            } else {
+                format!("cannot be read: {e}")
+            };
+            problems.push("plugins.dir", format!("{} {why}", dir.display()));
+            false
+        }
+    };
+    if plugins.call_deadline.is_zero() {
+        problems.push("plugins.call_deadline", "must be more than 0");
+    } else if plugins.call_deadline > MAX_CALL_DEADLINE {
+        problems.push(
+            "plugins.call_deadline",
+            format!(
+                "{:?} is longer than the most allowed, {MAX_CALL_DEADLINE:?}",
+                plugins.call_deadline
+            ),
+        );
+    }
+    if !(1..=MAX_MEMORY_CAP_MIB).contains(&plugins.memory_cap_mib) {
+        problems.push(
+            "plugins.memory_cap_mib",
+            format!(
+                "{} is out of range: between 1 and {MAX_MEMORY_CAP_MIB} (MiB)",
+                plugins.memory_cap_mib
+            ),
+        );
+    }
+    for name in plugins.config.keys() {
+        let key = format!("plugins.config.{}", key_segment(name));
+        if !is_identifier(name) {
+            problems.push(key, not_identifier("plugin name", name));
+        } else if dir_ok && !plugins.plugin_path(name).is_file() {
+            problems.push(
+                key,
+                format!(
+                    "config for a plugin that does not exist: no file {} (is the name misspelled?)",
+                    plugins.plugin_path(name).display()
+                ),
+            );
+        }
+    }
+    dir_ok
+}
+
+/// Properties of a link the relay sets itself, and why.
+fn managed_property(name: &str) -> Option<&'static str> {
+    Some(match name {
+        "bootstrap.servers" => "set it with `bootstrap_servers` in the link",
+        "group.id" => {
+            "the consumer group is set per flow (`group` in `[[flows]]`, by default \
+             `wasmrelay-<flow name>`)"
+        }
+        "enable.auto.commit" | "enable.auto.offset.store" => {
+            "the relay stores and commits offsets itself, only once a message is fully handled \
+             (at-least-once delivery)"
+        }
+        "enable.partition.eof" => "the relay uses partition-EOF events to drain a link it leaves",
+        "transactional.id" => "the relay configures its producers itself and uses no transactions",
+        other if other.starts_with("dr_") => {
+            "delivery reports belong to the relay's producer, which waits for them before an \
+             input is committed"
+        }
+        _ => return None,
+    })
+}
+
+fn check_links(links: &BTreeMap<String, LinkConfig>, problems: &mut Problems) {
+    if links.is_empty() {
+        problems.push(
+            "links",
+            "at least one Kafka link is required (`[links.main]` with `bootstrap_servers`)",
+        );
+    }
+    for (id, link) in links {
+        let key = format!("links.{}", key_segment(id));
+        if !is_identifier(id) {
+            problems.push(&key, not_identifier("link id", id));
+        }
+        for problem in bootstrap_problems(&link.bootstrap_servers) {
+            problems.push(format!("{key}.bootstrap_servers"), problem);
+        }
+        for name in link.options.keys() {
+            if let Some(why) = managed_property(name) {
+                problems.push(
+                    format!("{key}.options.{}", key_segment(name)),
+                    format!("`{name}` is managed by the relay and cannot be set here: {why}"),
+                );
+            }
+        }
+    }
+}
+
+/// What is wrong with a `bootstrap.servers` list (`host:port,host:port`).
+fn bootstrap_problems(servers: &str) -> Vec<String> {
+    if servers.trim().is_empty() {
+        return vec!["must list at least one broker as `host:port`".to_string()];
+    }
+    let mut problems = Vec::new();
+    for entry in servers.split(',').map(str::trim) {
+        if entry.is_empty() {
+            problems.push(format!("`{servers}` has an empty entry (a stray comma?)"));
+            continue;
+        }
+        match entry.rsplit_once(':') {
+            None => problems.push(format!("`{entry}` is not `host:port`: the port is missing")),
+            Some(("", _)) => problems.push(format!("`{entry}` has no host")),
+            Some((_, port)) if !matches!(port.parse::<u16>(), Ok(p) if p > 0) => problems.push(
+                format!("`{entry}` has no valid port: `{port}` is not a number from 1 to 65535"),
+            ),
+            Some(_) => {}
+        }
+    }
+    problems
+}
+
+/// What is wrong with a Kafka topic name, if anything.
+fn topic_problem(topic: &str) -> Option<String> {
+    if topic.is_empty() {
+        Some("must not be empty".to_string())
+    } else if topic == "." || topic == ".." {
+        Some(format!("`{topic}` is not allowed as a Kafka topic name"))
+    } else if topic.len() > MAX_TOPIC_LEN {
+        Some(format!(
+            "is {} characters long; a Kafka topic name has at most {MAX_TOPIC_LEN}",
+            topic.len()
+        ))
+    } else if !is_identifier(topic) {
+        Some(format!(
+            "`{topic}` is not a valid Kafka topic name: use only ASCII letters, digits, `.`, `_` \
+             and `-`"
+        ))
+    } else {
+        None
+    }
+}
+
+fn check_flow(
+    config: &RelayConfig,
+    index: usize,
+    flow: &FlowConfig,
+    plugin_files: bool,
+    problems: &mut Problems,
+) {
+    let key = format!("flows[{index}]");
+    if !is_identifier(&flow.name) {
+        problems.push(
+            format!("{key}.name"),
+            not_identifier("flow name", &flow.name),
+        );
+    } else if let Some(first) = config.flows[..index]
+        .iter()
+        .position(|f| f.name == flow.name)
+    {
+        problems.push(
+            format!("{key}.name"),
+            format!(
+                "duplicate flow name `{}` (also flows[{first}].name): flow names must be unique",
+                flow.name
+            ),
+        );
+    }
+    if !config.links.contains_key(&flow.link) {
+        let known: Vec<String> = config.links.keys().map(|id| format!("`{id}`")).collect();
+        let known = if known.is_empty() {
+            "none is configured".to_string()
+        } else {
+            format!("configured: {}", known.join(", "))
+        };
+        problems.push(
+            format!("{key}.link"),
+            format!("no link `{}` in `[links]` ({known})", flow.link),
+        );
+    }
+    if let Some(group) = &flow.group
+        && group.trim().is_empty()
+    {
+        problems.push(
+            format!("{key}.group"),
+            format!(
+                "must not be empty: remove it to use `{}`",
+                FlowConfig {
+                    group: None,
+                    ..flow.clone()
+                }
+                .group_id()
+            ),
+        );
+    }
+    for (field, topic) in [
+        ("input_topic", &flow.input_topic),
+        ("output_topic", &flow.output_topic),
+        ("dead_letter_topic", &flow.dead_letter_topic),
+    ] {
+        if let Some(problem) = topic_problem(topic) {
+            problems.push(format!("{key}.{field}"), problem);
+        }
+    }
+    if flow.output_topic == flow.input_topic {
+        problems.push(
+            format!("{key}.output_topic"),
+            format!(
+                "is the same as input_topic `{}`: the flow would consume its own output (a loop)",
+                flow.input_topic
+            ),
+        );
+    }
+    for (field, topic) in [
+        ("input_topic", &flow.input_topic),
+        ("output_topic", &flow.output_topic),
+    ] {
+        if flow.dead_letter_topic == *topic {
+            problems.push(
+                format!("{key}.dead_letter_topic"),
+                format!(
+                    "is the same as {field} `{topic}`: dead letters must go to a topic of their own"
+                ),
+            );
+        }
+    }
+    for (chain, names) in [
+        ("service_call", &flow.service_call),
+        ("data_return", &flow.data_return),
+    ] {
+        for (step, name) in names.iter().enumerate() {
+            let step_key = format!("{key}.{chain}[{step}]");
+            if !is_identifier(name) {
+                problems.push(step_key, not_identifier("plugin name", name));
+                continue;
+            }
+            let path = config.plugins.plugin_path(name);
+            if plugin_files && !path.is_file() {
+                problems.push(
+                    step_key,
+                    format!("plugin file {} does not exist", path.display()),
+                );
+            }
+        }
+    }
+    if let Some(DeliverConfig::App(app)) = &flow.deliver {
+        check_app(&format!("{key}.deliver.app"), app, problems);
+    }
+    check_retry(&format!("{key}.retry"), &flow.retry, problems);
+    if flow.max_in_flight_per_partition == 0 {
+        problems.push(
+            format!("{key}.max_in_flight_per_partition"),
+            "must be at least 1 (1 keeps the order of each partition)",
+        );
+    }
+}
+
+fn check_app(key: &str, app: &AppTarget, problems: &mut Problems) {
+    // The URL itself is not repeated in messages: it may carry credentials.
+    match url::Url::parse(&app.url) {
+        Err(e) => problems.push(
+            format!("{key}.url"),
+            format!("is not a valid URL ({e}); write e.g. `http://127.0.0.1:8080/calls`"),
+        ),
+        Ok(url) => {
+            match url.scheme() {
+                "http" => {}
+                "https" => problems.push(
+                    format!("{key}.url"),
+                    "https is not supported yet: use an http:// URL",
+                ),
+                other => problems.push(
+                    format!("{key}.url"),
+                    format!("scheme `{other}` is not supported: use an http:// URL"),
+                ),
+            }
+            if url.host_str().is_none_or(str::is_empty) {
+                problems.push(format!("{key}.url"), "has no host");
+            }
+        }
+    }
+    if app.timeout.is_zero() {
+        problems.push(format!("{key}.timeout"), "must be more than 0");
+    }
+    if app.concurrency == 0 {
+        problems.push(format!("{key}.concurrency"), "must be at least 1");
+    }
+}
+
+fn check_retry(key: &str, retry: &RetryConfig, problems: &mut Problems) {
+    if retry.initial_backoff.is_zero() {
+        problems.push(format!("{key}.initial_backoff"), "must be more than 0");
+        return;
+    }
+    if retry.max_backoff < retry.initial_backoff {
+        problems.push(
+            format!("{key}.max_backoff"),
+            format!(
+                "{:?} is less than initial_backoff ({:?})",
+                retry.max_backoff, retry.initial_backoff
+            ),
+        );
+    }
+    if retry.budget < retry.initial_backoff {
+        problems.push(
+            format!("{key}.budget"),
+            format!(
+                "{:?} is less than initial_backoff ({:?}): not even one retry would fit",
+                retry.budget, retry.initial_backoff
+            ),
+        );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::Path;
+
+    use super::*;
+    use crate::config::{AdminConfig, NodeConfig};
+
+    /// A valid config whose plugin dir is `dir` (holding `a.wasm` and
+    /// `b.wasm`).
+    fn valid(dir: &Path) -> RelayConfig {
+        for name in ["a", "b"] {
+            std::fs::write(dir.join(format!("{name}.wasm")), b"").unwrap();
+        }
+        let text = format!(
+            r#"
+[plugins]
+dir = "{}"
+[plugins.config.a]
+x = "1"
+
+[links.main]
+bootstrap_servers = "k1:9092, k2:9093"
+options = {{ "security.protocol" = "plaintext", "auto.offset.reset" = "earliest" }}
+
+[[flows]]
+name = "f"
+link = "main"
+input_topic = "in"
+service_call = ["a"]
+data_return = ["b"]
+output_topic = "out"
+dead_letter_topic = "dlq"
+[flows.deliver.app]
+url = "http://127.0.0.1:8080/calls"
+"#,
+            dir.display()
+        );
+        let config: RelayConfig = toml::from_str(&text).unwrap();
+        assert_eq!(validate(&config), Ok(()));
+        config
+    }
+
+    /// Runs `change` on a valid config and returns the problems as
+    /// `key: problem` lines.
+    fn problems(change: impl FnOnce(&mut RelayConfig)) -> Vec<String> {
+        let dir = tempfile::tempdir().unwrap();
+        let mut config = valid(dir.path());
+        change(&mut config);
+        match validate(&config) {
+            Ok(()) => Vec::new(),
+            Err(problems) => problems.iter().map(ToString::to_string).collect(),
+        }
+    }
+
+    /// Asserts exactly one problem, for `key`, whose text contains `text`.
+    #[track_caller]
+    fn assert_one(found: Vec<String>, key: &str, text: &str) {
+        assert_eq!(found.len(), 1, "{found:#?}");
+        assert!(found[0].starts_with(&format!("{key}: ")), "{found:#?}");
+        assert!(found[0].contains(text), "{found:#?}");
+    }
+
+    fn app(config: &mut RelayConfig) -> &mut AppTarget {
+        match config.flows[0].deliver.as_mut() {
+            Some(DeliverConfig::App(app)) => app,
+            None => panic!("no app target"),
+        }
+    }
+
+    #[test]
+    fn links_must_not_be_empty() {
+        let found = problems(|c| c.links.clear());
+        assert!(
+            found[0].starts_with("links: at least one Kafka link"),
+            "{found:#?}"
+        );
+    }
+
+    #[test]
+    fn link_ids_must_be_identifiers() {
+        let found = problems(|c| {
+            let link = c.links.remove("main").unwrap();
+            c.links.insert("main link".into(), link);
+            c.flows[0].link = "main link".into();
+        });
+        assert_one(
+            found,
+            "links.\"main link\"",
+            "link id `main link` is not valid",
+        );
+    }
+
+    #[test]
+    fn bootstrap_servers_must_be_host_port_lists() {
+        let set = |servers: &'static str| {
+            problems(move |c| {
+                c.links.get_mut("main").unwrap().bootstrap_servers = servers.into();
+            })
+        };
+        let key = "links.main.bootstrap_servers";
+        assert_one(set(""), key, "at least one broker");
+        assert_one(set("k1:9092,"), key, "empty entry");
+        assert_one(set("k1"), key, "`k1` is not `host:port`");
+        assert_one(set(":9092"), key, "has no host");
+        assert_one(set("k1:kafka"), key, "`kafka` is not a number");
+        assert_one(set("k1:0"), key, "no valid port");
+        assert_one(set("k1:70000"), key, "no valid port");
+        assert_eq!(set("[::1]:9092,k2:1"), Vec::<String>::new());
+        assert_eq!(set("k1:9092,k2:9092,k3:9092").len(), 0);
+        assert_eq!(set("k1, k2:9").len(), 1);
+    }
+
+    #[test]
+    fn managed_link_options_are_refused() {
+        for (name, why) in [
+            ("bootstrap.servers", "`bootstrap_servers`"),
+            ("group.id", "per flow"),
+            ("enable.auto.commit", "commits offsets itself"),
+            ("enable.auto.offset.store", "commits offsets itself"),
+            ("enable.partition.eof", "drain"),
+            ("transactional.id", "no transactions"),
+            ("dr_msg_cb", "delivery reports"),
+        ] {
+            assert_eq!(name.contains('.'), key_segment(name).starts_with('"'));
+            let found = problems(|c| {
+                let options = &mut c.links.get_mut("main").unwrap().options;
+                options.insert(name.into(), "x".into());
+            });
+            let key = format!("links.main.options.{}", key_segment(name));
+            assert_one(found, &key, why);
+        }
+        // auto.offset.reset (in `valid`) and other properties pass.
+    }
+
+    #[test]
+    fn flows_must_not_be_empty() {
+        let found = problems(|c| c.flows.clear());
+        assert_one(found, "flows", "at least one flow");
+    }
+
+    #[test]
+    fn flow_names_must_be_valid_and_unique() {
+        assert_one(
+            problems(|c| c.flows[0].name = "a b".into()),
+            "flows[0].name",
+            "flow name `a b` is not valid",
+        );
+        let found = problems(|c| {
+            let mut second = c.flows[0].clone();
+            second.input_topic = "in2".into();
+            c.flows.push(second);
+        });
+        assert_one(
+            found,
+            "flows[1].name",
+            "duplicate flow name `f` (also flows[0].name)",
+        );
+    }
+
+    #[test]
+    fn flow_link_must_exist() {
+        assert_one(
+            problems(|c| c.flows[0].link = "other".into()),
+            "flows[0].link",
+            "no link `other` in `[links]` (configured: `main`)",
+        );
+    }
+
+    #[test]
+    fn group_must_not_be_empty() {
+        assert_one(
+            problems(|c| c.flows[0].group = Some(String::new())),
+            "flows[0].group",
+            "remove it to use `wasmrelay-f`",
+        );
+    }
+
+    #[test]
+    fn topics_must_be_valid_kafka_names() {
+        assert_one(
+            problems(|c| c.flows[0].input_topic = "in put".into()),
+            "flows[0].input_topic",
+            "not a valid Kafka topic name",
+        );
+        assert_one(
+            problems(|c| c.flows[0].output_topic = "..".into()),
+            "flows[0].output_topic",
+            "`..` is not allowed",
+        );
+        assert_one(
+            problems(|c| c.flows[0].dead_letter_topic = String::new()),
+            "flows[0].dead_letter_topic",
+            "must not be empty",
+        );
+        assert_one(
+            problems(|c| c.flows[0].input_topic = "t".repeat(250)),
+            "flows[0].input_topic",
+            "250 characters long",
+        );
+        assert_eq!(
+            problems(|c| c.flows[0].input_topic = "t".repeat(249)),
+            Vec::<String>::new()
+        );
+        assert_eq!(
+            problems(|c| c.flows[0].input_topic = "a.B_c-9".into()),
+            Vec::<String>::new()
+        );
+    }
+
+    #[test]
+    fn topics_must_not_loop() {
+        assert_one(
+            problems(|c| c.flows[0].output_topic = "in".into()),
+            "flows[0].output_topic",
+            "a loop",
+        );
+        assert_one(
+            problems(|c| c.flows[0].dead_letter_topic = "in".into()),
+            "flows[0].dead_letter_topic",
+            "same as input_topic `in`",
+        );
+        assert_one(
+            problems(|c| c.flows[0].dead_letter_topic = "out".into()),
+            "flows[0].dead_letter_topic",
+            "same as output_topic `out`",
+        );
+    }
+
+    #[test]
+    fn plugin_files_must_exist() {
+        let found = problems(|c| {
+            c.flows[0].service_call = vec!["a".into(), "json-enrich".into()];
+        });
+        assert_eq!(found.len(), 1, "{found:#?}");
+        assert!(
+            found[0].starts_with("flows[0].service_call[1]: plugin file /"),
+            "{found:#?}"
+        );
+        assert!(
+            found[0].ends_with("/json-enrich.wasm does not exist"),
+            "{found:#?}"
+        );
+        assert_one(
+            problems(|c| c.flows[0].data_return = vec!["../b".into()]),
+            "flows[0].data_return[0]",
+            "plugin name `../b` is not valid",
+        );
+        // A directory named like a plugin is not a plugin file.
+        let found = problems(|c| {
+            std::fs::create_dir(c.plugins.dir.join("d.wasm")).unwrap();
+            c.flows[0].data_return = vec!["d".into()];
+        });
+        assert_one(found, "flows[0].data_return[0]", "d.wasm does not exist");
+    }
+
+    #[test]
+    fn plugins_dir_must_be_a_directory() {
+        let found = problems(|c| c.plugins.dir = c.plugins.dir.join("missing"));
+        // Plugin files are not checked (again) when the directory is missing.
+        assert_one(found, "plugins.dir", "missing does not exist");
+        let found = problems(|c| c.plugins.dir = c.plugins.dir.join("a.wasm"));
+        assert_one(found, "plugins.dir", "a.wasm is not a directory");
+    }
+
+    #[test]
+    fn plugin_config_must_name_an_existing_plugin() {
+        let found = problems(|c| {
+            c.plugins
+                .config
+                .insert("json-enrih".into(), BTreeMap::new());
+        });
+        assert_one(
+            found,
+            "plugins.config.json-enrih",
+            "json-enrih.wasm (is the name misspelled?)",
+        );
+        // Config for a plugin that exists but no flow uses (a router, say) is fine.
+        assert_eq!(
+            problems(|c| {
+                c.flows[0].data_return.clear();
+                c.plugins.config.insert("b".into(), BTreeMap::new());
+            }),
+            Vec::<String>::new()
+        );
+    }
+
+    #[test]
+    fn app_url_must_be_http_with_a_host() {
+        let set = |url: &'static str| problems(move |c| app(c).url = url.into());
+        let key = "flows[0].deliver.app.url";
+        assert_one(
+            set("not a url"),
+            key,
+            "is not a valid URL (relative URL without a base)",
+        );
+        assert_one(set("https://app:8443/"), key, "https is not supported yet");
+        assert_one(set("ftp://app/"), key, "scheme `ftp` is not supported");
+        assert_one(set("http://:8080/"), key, "is not a valid URL (empty host)");
+        assert_eq!(set("http://[::1]:8080/x?y=1"), Vec::<String>::new());
+    }
+
+    #[test]
+    fn app_timeout_and_concurrency_must_be_positive() {
+        assert_one(
+            problems(|c| app(c).timeout = Duration::ZERO),
+            "flows[0].deliver.app.timeout",
+            "more than 0",
+        );
+        assert_one(
+            problems(|c| app(c).concurrency = 0),
+            "flows[0].deliver.app.concurrency",
+            "at least 1",
+        );
+    }
+
+    #[test]
+    fn retry_durations_must_be_ordered() {
+        let retry = |initial: u64, max: u64, budget: u64| {
+            problems(move |c| {
+                c.flows[0].retry = RetryConfig {
+                    initial_backoff: Duration::from_millis(initial),
+                    max_backoff: Duration::from_millis(max),
+                    budget: Duration::from_millis(budget),
+                }
+            })
+        };
+        assert_one(
+            retry(0, 10, 10),
+            "flows[0].retry.initial_backoff",
+            "more than 0",
+        );
+        assert_one(
+            retry(100, 50, 1000),
+            "flows[0].retry.max_backoff",
+            "50ms is less than initial_backoff (100ms)",
+        );
+        assert_one(
+            retry(100, 500, 99),
+            "flows[0].retry.budget",
+            "not even one retry",
+        );
+        assert_eq!(retry(100, 100, 100), Vec::<String>::new());
+    }
+
+    #[test]
+    fn in_flight_must_be_at_least_one() {
+        assert_one(
+            problems(|c| c.flows[0].max_in_flight_per_partition = 0),
+            "flows[0].max_in_flight_per_partition",
+            "at least 1",
+        );
+    }
+
+    #[test]
+    fn call_deadline_is_bounded() {
+        assert_one(
+            problems(|c| c.plugins.call_deadline = Duration::ZERO),
+            "plugins.call_deadline",
+            "more than 0",
+        );
+        assert_one(
+            problems(|c| c.plugins.call_deadline = Duration::from_secs(61)),
+            "plugins.call_deadline",
+            "61s is longer than the most allowed, 60s",
+        );
+        assert_eq!(
+            problems(|c| c.plugins.call_deadline = Duration::from_secs(60)),
+            Vec::<String>::new()
+        );
+    }
+
+    #[test]
+    fn memory_cap_is_bounded() {
+        for bad in [0, 4097] {
+            assert_one(
+                problems(|c| c.plugins.memory_cap_mib = bad),
+                "plugins.memory_cap_mib",
+                "out of range",
+            );
+        }
+        for good in [1, 4096] {
+            assert_eq!(
+                problems(|c| c.plugins.memory_cap_mib = good),
+                Vec::<String>::new()
+            );
+        }
+    }
+
+    #[test]
+    fn node_id_must_be_an_identifier() {
+        assert_one(
+            problems(|c| {
+                c.node = NodeConfig {
+                    id: "node 1".into(),
+                }
+            }),
+            "node.id",
+            "node id `node 1` is not valid",
+        );
+    }
+
+    #[test]
+    fn admin_token_must_not_be_empty_when_set() {
+        let token = |t: Option<&str>| {
+            problems(move |c| {
+                c.admin = AdminConfig {
+                    token: t.map(str::to_string),
+                    ..AdminConfig::default()
+                }
+            })
+        };
+        assert_one(token(Some("")), "admin.token", "must not be empty");
+        assert_one(token(Some("  ")), "admin.token", "must not be empty");
+        assert_eq!(token(Some("s3cret")), Vec::<String>::new());
+        assert_eq!(token(None), Vec::<String>::new());
+    }
+}

@@ -1,0 +1,166 @@
+//! A chain of processor plugins applied in order (the service-call chain or
+//! the data-return chain of a flow).
+//!
+//! Plugins are looked up by name at every call, so a hot-reloaded version
+//! serves the next message; each call runs on tokio's blocking pool because
+//! a plugin may compute for up to its deadline.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use super::retry::Attempt;
+use crate::kafka::{InputRecord, OutputRecord};
+use crate::plugin::{Header, Message, Outcome, PluginError, PluginRegistry};
+use crate::telemetry::metrics::RelayMetrics;
+
+/// Why a chain did not produce its output.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ChainFailure {
+    /// The plugin version that failed, `name@sha256`.
+    pub plugin: String,
+    /// What happened.
+    pub reason: String,
+}
+
+/// Processor plugins applied in order.
+#[derive(Clone)]
+pub struct PluginChain {
+    plugins: Vec<String>,
+    registry: Arc<PluginRegistry>,
+    metrics: Arc<RelayMetrics>,
+}
+
+impl std::fmt::Debug for PluginChain {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PluginChain")
+            .field("plugins", &self.plugins)
+            .finish()
+    }
+}
+
+impl PluginChain {
+    /// A chain of the named plugins (in order) from `registry`.
+    pub fn new(
+        plugins: Vec<String>,
+        registry: Arc<PluginRegistry>,
+        metrics: Arc<RelayMetrics>,
+    ) -> Self {
+        PluginChain {
+            plugins,
+            registry,
+            metrics,
+        }
+    }
+
+    /// True when the chain has no plugin (messages pass unchanged).
+    pub fn is_empty(&self) -> bool {
+        self.plugins.is_empty()
+    }
+
+    /// Runs `message` (derived from `input`) through every plugin.
+    ///
+    /// `Success` is the chain's output (possibly empty: filtered out).
+    /// `GiveUp` is a dead-letter verdict or a plugin fault (trap, timeout,
+    /// memory cap: retrying would fail the same way); `Retry` is a plugin's
+    /// own `err` or a plugin not loaded. The failure names the plugin.
+    pub async fn apply(
+        &self,
+        input: &InputRecord,
+        message: OutputRecord,
+    ) -> Attempt<Vec<OutputRecord>, ChainFailure> {
+        let mut current = vec![message];
+        for name in &self.plugins {
+            let version = match self.registry.current(name) {
+                Ok(version) => version,
+                Err(error) => return Attempt::Retry(ChainFailure::new(name, error.to_string())),
+            };
+            let label = version.label().to_string();
+            let batch: Vec<Message> = current
+                .drain(..)
+                .map(|m| to_plugin_message(input, m))
+                .collect();
+            let started = Instant::now();
+            let call_version = version.clone();
+            let answers =
+                tokio::task::spawn_blocking(move || call_version.process_batch(&batch)).await;
+            self.metrics.observe_plugin_call(name, started.elapsed());
+            let answers = match answers {
+                Ok(Ok(answers)) => answers,
+                Ok(Err(error)) => return classify(&label, error),
+                Err(join_error) => {
+                    return Attempt::Retry(ChainFailure::new(
+                        &label,
+                        format!("plugin task failed: {join_error}"),
+                    ));
+                }
+            };
+            for answer in answers {
+                match answer {
+                    Ok(Outcome::Emit(outputs)) => {
+                        current.extend(outputs.into_iter().map(from_plugin_output))
+                    }
+                    Ok(Outcome::DeadLetter(reason)) => {
+                        return Attempt::GiveUp(ChainFailure::new(&label, reason));
+                    }
+                    Err(error) => return classify(&label, error),
+                }
+            }
+            if current.is_empty() {
+                break;
+            }
+        }
+        Attempt::Success(current)
+    }
+}
+
+impl ChainFailure {
+    fn new(plugin: &str, reason: impl Into<String>) -> Self {
+        ChainFailure {
+            plugin: plugin.to_string(),
+            reason: reason.into(),
+        }
+    }
+}
+
+/// A plugin's own `err` (and a plugin not loaded yet) is worth a retry; a
+/// trap, timeout or memory cap would fail the same way again.
+fn classify<T>(label: &str, error: PluginError) -> Attempt<T, ChainFailure> {
+    let retryable = matches!(
+        error,
+        PluginError::Failed { .. } | PluginError::NotLoaded(_) | PluginError::Instantiate { .. }
+    );
+    let failure = ChainFailure::new(label, error.to_string());
+    if retryable {
+        Attempt::Retry(failure)
+    } else {
+        Attempt::GiveUp(failure)
+    }
+}
+
+fn to_plugin_message(input: &InputRecord, message: OutputRecord) -> Message {
+    Message {
+        key: message.key,
+        value: message.value,
+        headers: message
+            .headers
+            .into_iter()
+            .map(|(name, value)| Header { name, value })
+            .collect(),
+        topic: input.topic.clone(),
+        partition: input.partition,
+        offset: input.offset,
+        timestamp_ms: input.timestamp_ms,
+    }
+}
+
+fn from_plugin_output(output: crate::plugin::OutputMessage) -> OutputRecord {
+    OutputRecord {
+        key: output.key,
+        value: output.value,
+        headers: output
+            .headers
+            .into_iter()
+            .map(|h| (h.name, h.value))
+            .collect(),
+    }
+}

@@ -1,0 +1,328 @@
+//! What a flow does with each consumed record (the [`MessageHandler`] of a
+//! flow's consumer):
+//!
+//! service-call chain → application (HTTP) → data-return chain → output
+//! topic, or for a transform flow (no application) chain → output topic.
+//! Anything that cannot get through goes to the dead-letter topic with the
+//! stage and reason; the input counts as finished only when every record it
+//! caused is acknowledged by Kafka (output or dead letter).
+//!
+//! Delivery to the application happens in partition order; waiting for
+//! produce acknowledgements overlaps with the next records (see
+//! [`crate::kafka::consumer::Completion`]).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::FutureExt as _;
+use futures::future::BoxFuture;
+use rdkafka::error::KafkaError;
+use tokio_util::sync::CancellationToken;
+
+use super::app::AppClient;
+use super::chain::PluginChain;
+use super::dead_letter::{Stage, add_origin_headers, dead_letter_record};
+use super::retry::{Retried, retry};
+use crate::config::RetryConfig;
+use crate::kafka::consumer::{Completion, MessageHandler, Outcome};
+use crate::kafka::producer::Delivered;
+use crate::kafka::{InputRecord, OutputRecord, RelayProducer};
+use crate::telemetry::metrics::FlowMetrics;
+
+/// Waits between attempts to write a dead letter that Kafka refused.
+const DEAD_LETTER_RETRY: Duration = Duration::from_millis(500);
+
+/// Everything a flow needs to handle a record.
+#[derive(Debug)]
+pub struct FlowHandler {
+    /// The flow's name.
+    pub name: String,
+    /// This node's id (in dead-letter headers).
+    pub node: String,
+    /// Applied to each input.
+    pub service_call: PluginChain,
+    /// Where service calls go; `None` for a transform flow.
+    pub app: Option<AppClient>,
+    /// Applied to each data-return (or transform output).
+    pub data_return: PluginChain,
+    /// Producer of the flow's link.
+    pub producer: RelayProducer,
+    /// Where data-returns go.
+    pub output_topic: String,
+    /// Where dead letters go.
+    pub dead_letter_topic: String,
+    /// Retry policy.
+    pub retry: RetryConfig,
+    /// The flow's counters.
+    pub metrics: FlowMetrics,
+}
+
+/// A produce that is in flight: the record, where to, and its acknowledgement.
+struct InFlight {
+    record: OutputRecord,
+    dead_letter: bool,
+    ack: BoxFuture<'static, Result<Delivered, KafkaError>>,
+}
+
+/// Handles records of one flow; cheap to clone.
+#[derive(Clone, Debug)]
+pub struct FlowMessageHandler {
+    flow: Arc<FlowHandler>,
+}
+
+impl FlowMessageHandler {
+    /// Wraps a flow for its consumer.
+    pub fn new(flow: FlowHandler) -> Self {
+        FlowMessageHandler {
+            flow: Arc::new(flow),
+        }
+    }
+}
+
+impl MessageHandler for FlowMessageHandler {
+    fn handle(
+        &self,
+        record: InputRecord,
+        abort: CancellationToken,
+    ) -> BoxFuture<'static, Completion> {
+        let flow = self.flow.clone();
+        // The ordered part resolves to the completion, which the consumer
+        // awaits separately: yielding a future here is the point.
+        #[allow(clippy::async_yields_async)]
+        let ordered = async move { flow.handle_in_order(record, abort).await };
+        ordered.boxed()
+    }
+}
+
+fn abandoned() -> Completion {
+    async { Outcome::Abandoned }.boxed()
+}
+
+impl FlowHandler {
+    /// The ordered part: chains and application delivery; produces are
+    /// enqueued, and the returned completion waits for their acknowledgements.
+    async fn handle_in_order(
+        self: Arc<Self>,
+        input: InputRecord,
+        abort: CancellationToken,
+    ) -> Completion {
+        self.metrics.consumed.inc();
+        let original = OutputRecord {
+            key: input.key.clone(),
+            value: input.value.clone(),
+            headers: input.headers.clone(),
+        };
+        let mut outputs: Vec<OutputRecord> = Vec::new();
+        let mut dead_letters: Vec<OutputRecord> = Vec::new();
+
+        let calls = match self
+            .run_chain(&self.service_call, &input, original.clone(), &abort)
+            .await
+        {
+            ChainRun::Output(calls) => calls,
+            ChainRun::DeadLetter(record) => {
+                dead_letters.push(record);
+                Vec::new()
+            }
+            ChainRun::Aborted => return abandoned(),
+        };
+
+        let returns = match &self.app {
+            None => calls,
+            Some(app) => {
+                let mut returns = Vec::new();
+                for call in calls {
+                    let retried = retry(
+                        &self.retry,
+                        &abort,
+                        |_| {
+                            self.metrics.retried.inc();
+                        },
+                        || app.deliver(&input, &call),
+                    )
+                    .await;
+                    match retried {
+                        Retried::Success(answer) => {
+                            self.metrics.delivered.inc();
+                            returns.extend(answer.data_return);
+                        }
+                        Retried::Failed {
+                            error,
+                            attempts,
+                            budget_spent,
+                        } => {
+                            let reason = failure_reason(&error, attempts, budget_spent);
+                            dead_letters.push(self.dead_letter(call, &input, &Stage::App, &reason));
+                        }
+                        Retried::Aborted => return abandoned(),
+                    }
+                }
+                returns
+            }
+        };
+
+        for data_return in returns {
+            match self
+                .run_chain(&self.data_return, &input, data_return, &abort)
+                .await
+            {
+                ChainRun::Output(records) => {
+                    for mut record in records {
+                        add_origin_headers(&mut record, &input);
+                        outputs.push(record);
+                    }
+                }
+                ChainRun::DeadLetter(record) => dead_letters.push(record),
+                ChainRun::Aborted => return abandoned(),
+            }
+        }
+
+        // Enqueue everything now (in order), await acknowledgements later.
+        let mut in_flight = Vec::with_capacity(outputs.len() + dead_letters.len());
+        for (record, dead_letter) in outputs
+            .into_iter()
+            .map(|r| (r, false))
+            .chain(dead_letters.into_iter().map(|r| (r, true)))
+        {
+            let topic = if dead_letter {
+                &self.dead_letter_topic
+            } else {
+                &self.output_topic
+            };
+            match self.producer.enqueue(topic, &record).await {
+                Ok(ack) => in_flight.push(InFlight {
+                    record,
+                    dead_letter,
+                    ack: ack.boxed(),
+                }),
+                Err(error) => in_flight.push(InFlight {
+                    record,
+                    dead_letter,
+                    ack: async move { Err(error) }.boxed(),
+                }),
+            }
+        }
+        let flow = self.clone();
+        async move { flow.complete(input, in_flight, abort).await }.boxed()
+    }
+
+    /// Runs a chain with retries; a failure becomes a dead letter of the
+    /// message as it was before the chain.
+    async fn run_chain(
+        &self,
+        chain: &PluginChain,
+        input: &InputRecord,
+        message: OutputRecord,
+        abort: &CancellationToken,
+    ) -> ChainRun {
+        if chain.is_empty() {
+            return ChainRun::Output(vec![message]);
+        }
+        let retried = retry(
+            &self.retry,
+            abort,
+            |_| {
+                self.metrics.retried.inc();
+            },
+            || chain.apply(input, message.clone()),
+        )
+        .await;
+        match retried {
+            Retried::Success(records) => ChainRun::Output(records),
+            Retried::Failed {
+                error,
+                attempts,
+                budget_spent,
+            } => {
+                let reason = failure_reason(&error.reason, attempts, budget_spent);
+                ChainRun::DeadLetter(self.dead_letter(
+                    message,
+                    input,
+                    &Stage::Plugin(error.plugin),
+                    &reason,
+                ))
+            }
+            Retried::Aborted => ChainRun::Aborted,
+        }
+    }
+
+    fn dead_letter(
+        &self,
+        failed: OutputRecord,
+        input: &InputRecord,
+        stage: &Stage,
+        reason: &str,
+    ) -> OutputRecord {
+        tracing::warn!(flow = %self.name, delivery_id = %input.delivery_id(), %stage, reason, "dead-lettering");
+        dead_letter_record(failed, input, &self.name, &self.node, stage, reason)
+    }
+
+    /// Waits for every acknowledgement; a refused output is dead-lettered, a
+    /// refused dead letter is written again until Kafka takes it (or the work
+    /// is aborted, in which case the input is consumed again later).
+    async fn complete(
+        self: Arc<Self>,
+        input: InputRecord,
+        in_flight: Vec<InFlight>,
+        abort: CancellationToken,
+    ) -> Outcome {
+        for produce in in_flight {
+            let result = produce.ack.await;
+            match (result, produce.dead_letter) {
+                (Ok(_), false) => {
+                    self.metrics.returned.inc();
+                }
+                (Ok(_), true) => {
+                    self.metrics.dead_lettered.inc();
+                }
+                (Err(error), false) => {
+                    let reason = format!("producing to `{}`: {error}", self.output_topic);
+                    let record = self.dead_letter(produce.record, &input, &Stage::Produce, &reason);
+                    if !self.write_dead_letter(record, &abort).await {
+                        return Outcome::Abandoned;
+                    }
+                }
+                (Err(error), true) => {
+                    tracing::warn!(flow = %self.name, %error, "writing a dead letter failed; retrying");
+                    if !self.write_dead_letter(produce.record, &abort).await {
+                        return Outcome::Abandoned;
+                    }
+                }
+            }
+        }
+        Outcome::Finished
+    }
+
+    /// Writes a dead letter until Kafka acknowledges it; false if aborted first.
+    async fn write_dead_letter(&self, record: OutputRecord, abort: &CancellationToken) -> bool {
+        loop {
+            match self.producer.send(&self.dead_letter_topic, &record).await {
+                Ok(_) => {
+                    self.metrics.dead_lettered.inc();
+                    return true;
+                }
+                Err(error) => {
+                    tracing::error!(flow = %self.name, topic = %self.dead_letter_topic, %error, "writing a dead letter failed; retrying");
+                }
+            }
+            tokio::select! {
+                _ = abort.cancelled() => return false,
+                _ = tokio::time::sleep(DEAD_LETTER_RETRY) => {}
+            }
+        }
+    }
+}
+
+enum ChainRun {
+    Output(Vec<OutputRecord>),
+    DeadLetter(OutputRecord),
+    Aborted,
+}
+
+fn failure_reason(error: &str, attempts: u32, budget_spent: bool) -> String {
+    if budget_spent {
+        format!("{error} (retry budget spent after {attempts} attempts)")
+    } else {
+        error.to_string()
+    }
+}

@@ -1,0 +1,18 @@
+//! Message flows: what happens to a consumed record between the input topic
+//! and the output (or dead-letter) topic.
+//!
+//! - [`handler`]: the per-record pipeline of a flow.
+//! - [`chain`]: a chain of processor plugins.
+//! - [`app`]: HTTP delivery to the application beside the relay.
+//! - [`retry`]: backoff within a budget.
+//! - [`dead_letter`]: dead-letter records and their headers.
+//! - [`headers`]: every header name the relay uses.
+
+pub mod app;
+pub mod chain;
+pub mod dead_letter;
+pub mod handler;
+pub mod headers;
+pub mod retry;
+
+pub use handler::{FlowHandler, FlowMessageHandler};

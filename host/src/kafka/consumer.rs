@@ -1,0 +1,509 @@
+//! The consumer of one flow: a dedicated thread polls librdkafka and hands
+//! each partition's records, in order, to that partition's worker task;
+//! offsets are stored only for finished work (highest contiguous finished
+//! offset, see [`super::offsets`]) and librdkafka auto-commits what is
+//! stored.
+//!
+//! Owns: the poll loop, per-partition lanes (ordered workers with a bounded
+//! number of unacknowledged completions), pausing a partition whose lane is
+//! backed up, draining and committing revoked partitions inside the
+//! rebalance callback, and the drain-and-commit at shutdown. What a record
+//! means is the [`MessageHandler`]'s business.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use anyhow::Context as _;
+use futures::future::BoxFuture;
+use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer as _, ConsumerContext, Rebalance};
+use rdkafka::error::KafkaResult;
+use rdkafka::{ClientContext, Offset, TopicPartitionList};
+use tokio::sync::{Semaphore, mpsc, oneshot};
+use tokio_util::sync::CancellationToken;
+
+use super::link::LinkInfo;
+use super::offsets::PartitionOffsets;
+use super::record::InputRecord;
+
+/// What became of a record.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Outcome {
+    /// Everything it caused is done (delivered, returned, or dead-lettered):
+    /// its offset may be committed.
+    Finished,
+    /// Given up because of shutdown or a revoked partition: its offset must
+    /// not be committed, so it is consumed again later.
+    Abandoned,
+}
+
+/// The part of a record's handling that may overlap with the next records of
+/// the partition (typically: waiting for produce acknowledgements).
+pub type Completion = BoxFuture<'static, Outcome>;
+
+/// What a flow does with each consumed record.
+pub trait MessageHandler: Send + Sync + 'static {
+    /// Handles one record. Called in partition order, one record at a time
+    /// per partition: the returned future does what must happen in order
+    /// (e.g. delivery to the application) and resolves to a [`Completion`]
+    /// that may run while the next record is handled. When `abort` is
+    /// cancelled, give up and return [`Outcome::Abandoned`] as soon as possible.
+    fn handle(
+        &self,
+        record: InputRecord,
+        abort: CancellationToken,
+    ) -> BoxFuture<'static, Completion>;
+}
+
+/// Tuning of a [`PartitionedConsumer`].
+#[derive(Clone, Debug)]
+pub struct ConsumerOptions {
+    /// How often librdkafka commits stored offsets.
+    pub commit_interval: Duration,
+    /// How long a revoked partition's in-flight work may take to finish
+    /// before it is abandoned (and consumed again by the new owner).
+    pub revoke_drain_timeout: Duration,
+    /// How long in-flight work may take to finish at shutdown.
+    pub shutdown_grace: Duration,
+    /// Records queued for one partition's worker before the partition is paused.
+    pub max_queued_per_partition: usize,
+    /// Records of one partition whose completion is still pending.
+    pub max_pending_per_partition: usize,
+}
+
+impl Default for ConsumerOptions {
+    fn default() -> Self {
+        ConsumerOptions {
+            commit_interval: Duration::from_millis(500),
+            revoke_drain_timeout: Duration::from_secs(10),
+            shutdown_grace: Duration::from_secs(30),
+            max_queued_per_partition: 1_000,
+            max_pending_per_partition: 1_000,
+        }
+    }
+}
+
+/// What the consumer did, reported when it stops.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ConsumerReport {
+    /// Records consumed.
+    pub consumed: u64,
+    /// Records whose work was unfinished at shutdown (consumed again after restart).
+    pub abandoned_at_shutdown: usize,
+}
+
+/// A running consumer; stop it with the shutdown token given to
+/// [`PartitionedConsumer::start`], then [`PartitionedConsumer::join`].
+pub struct PartitionedConsumer {
+    done: oneshot::Receiver<ConsumerReport>,
+    shared: Arc<Shared>,
+}
+
+impl std::fmt::Debug for PartitionedConsumer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PartitionedConsumer")
+            .field("topic", &self.shared.topic)
+            .finish_non_exhaustive()
+    }
+}
+
+struct Lane {
+    tx: mpsc::UnboundedSender<InputRecord>,
+    queued: Arc<AtomicUsize>,
+    /// Started and not yet completed.
+    active: Arc<AtomicUsize>,
+    stop_taking: CancellationToken,
+    abort: CancellationToken,
+    paused: bool,
+}
+
+struct Shared {
+    topic: String,
+    handler: Arc<dyn MessageHandler>,
+    options: ConsumerOptions,
+    runtime: tokio::runtime::Handle,
+    lanes: Mutex<HashMap<i32, Lane>>,
+    offsets: Mutex<HashMap<i32, PartitionOffsets>>,
+    finished_tx: mpsc::UnboundedSender<(i32, i64)>,
+    finished_rx: Mutex<mpsc::UnboundedReceiver<(i32, i64)>>,
+    consumed: AtomicUsize,
+}
+
+struct RelayConsumerContext {
+    shared: Arc<Shared>,
+}
+
+impl ClientContext for RelayConsumerContext {
+    fn error(&self, error: rdkafka::error::KafkaError, reason: &str) {
+        tracing::warn!(topic = %self.shared.topic, %error, reason, "kafka consumer error");
+    }
+}
+
+impl ConsumerContext for RelayConsumerContext {
+    fn pre_rebalance(&self, consumer: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
+        if let Rebalance::Revoke(tpl) = rebalance {
+            let partitions: Vec<i32> = tpl
+                .elements()
+                .iter()
+                .filter(|e| e.topic() == self.shared.topic)
+                .map(|e| e.partition())
+                .collect();
+            tracing::info!(topic = %self.shared.topic, ?partitions, "partitions revoked; draining them");
+            self.shared.drain_partitions(
+                consumer,
+                &partitions,
+                self.shared.options.revoke_drain_timeout,
+            );
+        }
+    }
+
+    fn post_rebalance(&self, _consumer: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
+        if let Rebalance::Assign(tpl) = rebalance {
+            let partitions: Vec<i32> = tpl.elements().iter().map(|e| e.partition()).collect();
+            tracing::info!(topic = %self.shared.topic, ?partitions, "partitions assigned");
+        }
+    }
+
+    fn commit_callback(&self, result: KafkaResult<()>, _offsets: &TopicPartitionList) {
+        if let Err(error) = result {
+            // Nothing is lost: the stored offsets are committed next time.
+            tracing::debug!(topic = %self.shared.topic, %error, "offset commit did not go through");
+        }
+    }
+}
+
+type RelayBaseConsumer = BaseConsumer<RelayConsumerContext>;
+
+impl PartitionedConsumer {
+    /// Subscribes `group` to `topic` on `link` and starts consuming on a
+    /// dedicated thread. Records go to `handler`; the consumer stops,
+    /// drains and commits when `shutdown` is cancelled.
+    pub fn start(
+        link: &LinkInfo,
+        group: &str,
+        topic: &str,
+        handler: Arc<dyn MessageHandler>,
+        options: ConsumerOptions,
+        shutdown: CancellationToken,
+    ) -> anyhow::Result<Self> {
+        let (finished_tx, finished_rx) = mpsc::unbounded_channel();
+        let shared = Arc::new(Shared {
+            topic: topic.to_string(),
+            handler,
+            runtime: tokio::runtime::Handle::try_current()
+                .context("the consumer must be started inside a tokio runtime")?,
+            options: options.clone(),
+            lanes: Mutex::new(HashMap::new()),
+            offsets: Mutex::new(HashMap::new()),
+            finished_tx,
+            finished_rx: Mutex::new(finished_rx),
+            consumed: AtomicUsize::new(0),
+        });
+        let consumer: RelayBaseConsumer = link
+            .consumer_config(group, options.commit_interval)
+            .create_with_context(RelayConsumerContext {
+                shared: shared.clone(),
+            })
+            .with_context(|| format!("creating a Kafka consumer for {}", link.bootstrap_servers))?;
+        consumer
+            .subscribe(&[topic])
+            .with_context(|| format!("subscribing to topic `{topic}`"))?;
+
+        let (done_tx, done) = oneshot::channel();
+        let thread_shared = shared.clone();
+        std::thread::Builder::new()
+            .name(format!("consumer-{topic}"))
+            .spawn(move || {
+                let report = thread_shared.run(&consumer, &shutdown);
+                let _ = done_tx.send(report);
+            })
+            .context("starting the consumer thread")?;
+        Ok(PartitionedConsumer { done, shared })
+    }
+
+    /// Records consumed so far.
+    pub fn consumed(&self) -> usize {
+        self.shared.consumed.load(Ordering::Relaxed)
+    }
+
+    /// Waits until the consumer has drained, committed and closed.
+    pub async fn join(self) -> ConsumerReport {
+        self.done.await.unwrap_or_default()
+    }
+}
+
+impl Shared {
+    fn run(
+        self: &Arc<Self>,
+        consumer: &RelayBaseConsumer,
+        shutdown: &CancellationToken,
+    ) -> ConsumerReport {
+        let mut last_error: Option<Instant> = None;
+        while !shutdown.is_cancelled() {
+            match consumer.poll(Duration::from_millis(50)) {
+                Some(Ok(message)) => {
+                    let record = InputRecord::from_borrowed(&message);
+                    drop(message);
+                    self.dispatch(consumer, record);
+                }
+                // Broker hiccups surface here; librdkafka retries on its own.
+                Some(Err(error))
+                    if last_error.is_none_or(|at| at.elapsed() > Duration::from_secs(5)) =>
+                {
+                    tracing::warn!(topic = %self.topic, %error, "consuming");
+                    last_error = Some(Instant::now());
+                }
+                Some(Err(_)) => {}
+                None => {}
+            }
+            self.apply_finished(consumer);
+            self.resume_drained_lanes(consumer);
+        }
+        self.shut_down(consumer)
+    }
+
+    fn dispatch(self: &Arc<Self>, consumer: &RelayBaseConsumer, record: InputRecord) {
+        let partition = record.partition;
+        if let Ok(mut offsets) = self.offsets.lock() {
+            offsets
+                .entry(partition)
+                .or_default()
+                .consumed(record.offset);
+        }
+        self.consumed.fetch_add(1, Ordering::Relaxed);
+        let Ok(mut lanes) = self.lanes.lock() else {
+            return;
+        };
+        let lane = lanes
+            .entry(partition)
+            .or_insert_with(|| self.spawn_lane(partition));
+        lane.queued.fetch_add(1, Ordering::Relaxed);
+        if lane.tx.send(record).is_err() {
+            // The worker is gone (abandoned partition); the record stays
+            // uncommitted and is consumed again.
+            lane.queued.fetch_sub(1, Ordering::Relaxed);
+        }
+        if !lane.paused
+            && lane.queued.load(Ordering::Relaxed) >= self.options.max_queued_per_partition
+            && pause(consumer, &self.topic, partition, true)
+        {
+            lane.paused = true;
+        }
+    }
+
+    fn resume_drained_lanes(&self, consumer: &RelayBaseConsumer) {
+        let Ok(mut lanes) = self.lanes.lock() else {
+            return;
+        };
+        let low_water = self.options.max_queued_per_partition / 2;
+        for (partition, lane) in lanes.iter_mut() {
+            if lane.paused
+                && lane.queued.load(Ordering::Relaxed) <= low_water
+                && pause(consumer, &self.topic, *partition, false)
+            {
+                lane.paused = false;
+            }
+        }
+    }
+
+    fn spawn_lane(self: &Arc<Self>, partition: i32) -> Lane {
+        let (tx, mut rx) = mpsc::unbounded_channel::<InputRecord>();
+        let queued = Arc::new(AtomicUsize::new(0));
+        let active = Arc::new(AtomicUsize::new(0));
+        let stop_taking = CancellationToken::new();
+        let abort = CancellationToken::new();
+        let pending = Arc::new(Semaphore::new(
+            self.options.max_pending_per_partition.max(1),
+        ));
+        let handler = self.handler.clone();
+        let finished_tx = self.finished_tx.clone();
+        let (worker_queued, worker_active, worker_stop, worker_abort) = (
+            queued.clone(),
+            active.clone(),
+            stop_taking.clone(),
+            abort.clone(),
+        );
+        self.runtime.spawn(async move {
+            loop {
+                let record = tokio::select! {
+                    biased;
+                    _ = worker_stop.cancelled() => break,
+                    record = rx.recv() => match record {
+                        Some(record) => record,
+                        None => break,
+                    },
+                };
+                worker_queued.fetch_sub(1, Ordering::Relaxed);
+                let Ok(permit) = pending.clone().acquire_owned().await else {
+                    break;
+                };
+                worker_active.fetch_add(1, Ordering::Relaxed);
+                let offset = record.offset;
+                let completion = handler.handle(record, worker_abort.clone()).await;
+                let (finished_tx, active) = (finished_tx.clone(), worker_active.clone());
+                tokio::spawn(async move {
+                    if completion.await == Outcome::Finished {
+                        let _ = finished_tx.send((partition, offset));
+                    }
+                    active.fetch_sub(1, Ordering::Relaxed);
+                    drop(permit);
+                });
+            }
+        });
+        Lane {
+            tx,
+            queued,
+            active,
+            stop_taking,
+            abort,
+            paused: false,
+        }
+    }
+
+    /// Applies finished offsets to the trackers and stores the commit
+    /// positions that moved forward.
+    fn apply_finished(&self, consumer: &RelayBaseConsumer) {
+        let mut positions: HashMap<i32, i64> = HashMap::new();
+        {
+            let (Ok(mut rx), Ok(mut offsets)) = (self.finished_rx.lock(), self.offsets.lock())
+            else {
+                return;
+            };
+            while let Ok((partition, offset)) = rx.try_recv() {
+                if let Some(position) = offsets.get_mut(&partition).and_then(|p| p.finished(offset))
+                {
+                    positions.insert(partition, position);
+                }
+            }
+        }
+        if positions.is_empty() {
+            return;
+        }
+        let mut tpl = TopicPartitionList::new();
+        for (partition, position) in positions {
+            let _ = tpl.add_partition_offset(&self.topic, partition, Offset::Offset(position));
+        }
+        if let Err(error) = consumer.store_offsets(&tpl) {
+            // A partition revoked meanwhile cannot be stored; its new owner
+            // consumes from the last commit.
+            tracing::debug!(topic = %self.topic, %error, "storing offsets");
+        }
+    }
+
+    fn active_in(&self, partitions: Option<&[i32]>) -> usize {
+        let Ok(lanes) = self.lanes.lock() else {
+            return 0;
+        };
+        lanes
+            .iter()
+            .filter(|(p, _)| partitions.is_none_or(|ps| ps.contains(p)))
+            .map(|(_, lane)| lane.active.load(Ordering::Relaxed))
+            .sum()
+    }
+
+    /// Stops taking new records of `partitions`, waits up to `timeout` for
+    /// their in-flight work, abandons the rest, stores and commits.
+    fn drain_partitions(
+        &self,
+        consumer: &RelayBaseConsumer,
+        partitions: &[i32],
+        timeout: Duration,
+    ) -> usize {
+        let selected = |lanes: &HashMap<i32, Lane>| -> Vec<i32> {
+            lanes
+                .keys()
+                .copied()
+                .filter(|p| partitions.contains(p))
+                .collect()
+        };
+        if let Ok(lanes) = self.lanes.lock() {
+            for partition in selected(&lanes) {
+                lanes[&partition].stop_taking.cancel();
+            }
+        }
+        let deadline = Instant::now() + timeout;
+        while self.active_in(Some(partitions)) > 0 && Instant::now() < deadline {
+            self.apply_finished(consumer);
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        let abandoned = self.active_in(Some(partitions));
+        if let Ok(mut lanes) = self.lanes.lock() {
+            for partition in selected(&lanes) {
+                if let Some(lane) = lanes.remove(&partition) {
+                    lane.abort.cancel();
+                }
+            }
+        }
+        // Give aborted handlers a moment to return, so their state is settled.
+        let settle = Instant::now() + Duration::from_secs(1);
+        while self.active_in(None) > 0 && abandoned > 0 && Instant::now() < settle {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        self.apply_finished(consumer);
+        self.commit_positions(consumer, partitions);
+        if let Ok(mut offsets) = self.offsets.lock() {
+            for partition in partitions {
+                offsets.remove(partition);
+            }
+        }
+        if abandoned > 0 {
+            tracing::warn!(topic = %self.topic, ?partitions, abandoned, "in-flight records abandoned; they will be consumed again");
+        }
+        abandoned
+    }
+
+    fn commit_positions(&self, consumer: &RelayBaseConsumer, partitions: &[i32]) {
+        let mut tpl = TopicPartitionList::new();
+        if let Ok(offsets) = self.offsets.lock() {
+            for partition in partitions {
+                if let Some(position) = offsets.get(partition).and_then(|p| p.committed_position())
+                {
+                    let _ =
+                        tpl.add_partition_offset(&self.topic, *partition, Offset::Offset(position));
+                }
+            }
+        }
+        if tpl.count() == 0 {
+            return;
+        }
+        match consumer.commit(&tpl, CommitMode::Sync) {
+            Ok(()) => tracing::debug!(topic = %self.topic, "committed offsets"),
+            Err(error) => tracing::warn!(topic = %self.topic, %error, "committing offsets"),
+        }
+    }
+
+    fn shut_down(&self, consumer: &RelayBaseConsumer) -> ConsumerReport {
+        let partitions: Vec<i32> = self
+            .lanes
+            .lock()
+            .map(|lanes| lanes.keys().copied().collect())
+            .unwrap_or_default();
+        tracing::info!(topic = %self.topic, "consumer stopping: finishing in-flight work");
+        let abandoned = self.drain_partitions(consumer, &partitions, self.options.shutdown_grace);
+        consumer.unsubscribe();
+        tracing::info!(topic = %self.topic, abandoned, "consumer stopped");
+        ConsumerReport {
+            consumed: self.consumed.load(Ordering::Relaxed) as u64,
+            abandoned_at_shutdown: abandoned,
+        }
+    }
+}
+
+/// Pauses or resumes one partition; true when it worked.
+fn pause(consumer: &RelayBaseConsumer, topic: &str, partition: i32, paused: bool) -> bool {
+    let mut tpl = TopicPartitionList::new();
+    tpl.add_partition(topic, partition);
+    let result = if paused {
+        consumer.pause(&tpl)
+    } else {
+        consumer.resume(&tpl)
+    };
+    match result {
+        Ok(()) => true,
+        Err(error) => {
+            tracing::debug!(topic, partition, paused, %error, "pausing/resuming a partition");
+            false
+        }
+    }
+}

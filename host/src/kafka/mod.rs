@@ -1,0 +1,24 @@
+//! The Kafka layer: clients built from a link's connection info, a consumer
+//! that hands each partition's messages to an ordered worker and commits
+//! only finished work, a producer with back-pressure, and topic creation.
+//!
+//! - [`link`]: connection info and librdkafka client configs.
+//! - [`record`]: the owned records that cross this layer.
+//! - [`offsets`]: which offsets may be committed.
+//! - [`consumer`]: the partitioned consumer ([`PartitionedConsumer`]).
+//! - [`producer`]: the producer ([`RelayProducer`]).
+//! - [`admin`]: creating the topics the relay owns.
+
+pub mod admin;
+pub mod consumer;
+pub mod link;
+pub mod offsets;
+pub mod producer;
+pub mod record;
+
+pub use consumer::{
+    ConsumerOptions, MessageHandler, Outcome as HandleOutcome, PartitionedConsumer,
+};
+pub use link::LinkInfo;
+pub use producer::RelayProducer;
+pub use record::{InputRecord, OutputRecord};

@@ -1,0 +1,104 @@
+//! Producing with back-pressure: a record is enqueued in librdkafka's queue
+//! at once (waiting while the queue is full), and its acknowledgement is a
+//! future awaited by whoever needs it, so many records are in flight at once
+//! and nobody waits for acknowledgements one by one.
+
+use std::time::Duration;
+
+use anyhow::Context as _;
+use rdkafka::error::{KafkaError, RDKafkaErrorCode};
+use rdkafka::producer::{FutureProducer, FutureRecord, Producer as _};
+
+use super::link::LinkInfo;
+use super::record::OutputRecord;
+
+/// How long to wait before retrying an enqueue into a full queue.
+const QUEUE_FULL_BACKOFF: Duration = Duration::from_millis(5);
+
+/// Where a produced record landed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Delivered {
+    /// Partition written.
+    pub partition: i32,
+    /// Offset written.
+    pub offset: i64,
+}
+
+/// A producer of one link.
+#[derive(Clone)]
+pub struct RelayProducer {
+    inner: FutureProducer,
+}
+
+impl std::fmt::Debug for RelayProducer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RelayProducer").finish_non_exhaustive()
+    }
+}
+
+impl RelayProducer {
+    /// Creates a producer for a link (it connects lazily).
+    pub fn new(link: &LinkInfo) -> anyhow::Result<Self> {
+        let inner: FutureProducer = link
+            .producer_config()
+            .create()
+            .with_context(|| format!("creating a Kafka producer for {}", link.bootstrap_servers))?;
+        Ok(RelayProducer { inner })
+    }
+
+    /// Enqueues `record` for `topic`, waiting while librdkafka's queue is
+    /// full, and returns the acknowledgement as a future. The record is in
+    /// flight once this returns; await the future to know it was written.
+    pub async fn enqueue(
+        &self,
+        topic: &str,
+        record: &OutputRecord,
+    ) -> Result<impl Future<Output = Result<Delivered, KafkaError>> + Send + 'static, KafkaError>
+    {
+        let headers = record.rdkafka_headers();
+        loop {
+            let mut future_record: FutureRecord<'_, [u8], [u8]> =
+                FutureRecord::to(topic).headers(headers.clone());
+            if let Some(key) = &record.key {
+                future_record = future_record.key(key.as_slice());
+            }
+            if let Some(value) = &record.value {
+                future_record = future_record.payload(value.as_slice());
+            }
+            match self.inner.send_result(future_record) {
+                Ok(delivery) => {
+                    return Ok(async move {
+                        match delivery.await {
+                            Ok(Ok(delivery)) => Ok(Delivered {
+                                partition: delivery.partition,
+                                offset: delivery.offset,
+                            }),
+                            Ok(Err((error, _message))) => Err(error),
+                            Err(_canceled) => Err(KafkaError::Canceled),
+                        }
+                    });
+                }
+                Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), _)) => {
+                    tokio::time::sleep(QUEUE_FULL_BACKOFF).await;
+                }
+                Err((error, _)) => return Err(error),
+            }
+        }
+    }
+
+    /// Enqueues and waits for the acknowledgement.
+    pub async fn send(&self, topic: &str, record: &OutputRecord) -> Result<Delivered, KafkaError> {
+        self.enqueue(topic, record).await?.await
+    }
+
+    /// Waits until everything enqueued is acknowledged or `timeout` passes.
+    /// Blocks: call from a blocking context or `spawn_blocking`.
+    pub fn flush(&self, timeout: Duration) -> Result<(), KafkaError> {
+        self.inner.flush(timeout)
+    }
+
+    /// Records enqueued and not yet acknowledged.
+    pub fn in_flight(&self) -> i32 {
+        self.inner.in_flight_count()
+    }
+}

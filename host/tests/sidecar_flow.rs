@@ -1,0 +1,571 @@
+//! Sidecar flows end to end: the real `wasmrelay` binary, a real Kafka
+//! broker (tansu), a real HTTP application, the real example plugins.
+
+#![allow(clippy::unwrap_used)]
+
+mod support;
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+use support::app::{Receipt, TestApp};
+use support::relay::{RelayProcess, free_port};
+use support::tansu::{ConsumedRecord, Tansu, TestRecord};
+
+const INPUT: &str = "service-calls";
+const OUTPUT: &str = "data-returns";
+const DLQ: &str = "service-calls.dlq";
+
+/// A relay config with one flow `orders`; `extra_flows` are appended as is.
+fn config(
+    kafka: &Tansu,
+    app_url: &str,
+    admin_port: u16,
+    service_call: &str,
+    extra: &str,
+) -> String {
+    let plugins = support::plugins_dist().display().to_string();
+    format!(
+        r#"
+shutdown_grace = "20s"
+[node]
+id = "test-node"
+[admin]
+listen = "127.0.0.1:{admin_port}"
+[plugins]
+dir = "{plugins}"
+call_deadline = "100ms"
+[plugins.config.json-enrich]
+field = "handled_by"
+value = "wasmrelay-test"
+[plugins.config.mask-fields]
+fields = "card_number"
+[links.main]
+bootstrap_servers = "{bootstrap}"
+[links.main.options]
+# tansu answers every fetch after about fetch.wait.max.ms; resuming inside a
+# multi-record batch skips records there, so write one record per batch.
+"fetch.wait.max.ms" = "10"
+"batch.num.messages" = "1"
+"session.timeout.ms" = "6000"
+"heartbeat.interval.ms" = "500"
+
+[[flows]]
+name = "orders"
+link = "main"
+input_topic = "{INPUT}"
+service_call = [{service_call}]
+data_return = ["mask-fields"]
+output_topic = "{OUTPUT}"
+dead_letter_topic = "{DLQ}"
+retry = {{ initial_backoff = "10ms", max_backoff = "100ms", budget = "20s" }}
+[flows.deliver.app]
+url = "{app_url}"
+timeout = "5s"
+{extra}
+"#,
+        bootstrap = kafka.bootstrap(),
+    )
+}
+
+fn value_json(bytes: &[u8]) -> Value {
+    serde_json::from_slice(bytes)
+        .unwrap_or_else(|e| panic!("not JSON: {e}: {}", String::from_utf8_lossy(bytes)))
+}
+
+fn header_str(record: &ConsumedRecord, name: &str) -> String {
+    String::from_utf8(
+        record
+            .header(name)
+            .unwrap_or_else(|| panic!("no header {name}"))
+            .to_vec(),
+    )
+    .unwrap()
+}
+
+/// The application of these tests answers with a data-return that carries
+/// a card number (for mask-fields) and the delivery it answers.
+fn answer_ok(receipt: &Receipt) -> (u16, Vec<u8>, Vec<(String, String)>) {
+    let body = json!({"answer_to": receipt.delivery_id, "card_number": "4111111111111111"});
+    (
+        200,
+        body.to_string().into_bytes(),
+        vec![("x-kafka-header-app".into(), "test-app".into())],
+    )
+}
+
+fn inputs(count: usize) -> Vec<TestRecord> {
+    (0..count)
+        .map(|n| {
+            TestRecord::keyed(format!("key-{}", n % 97), json!({"n": n}).to_string())
+                .header("traceparent", format!("00-{n:032x}-{:016x}-01", n))
+        })
+        .collect()
+}
+
+async fn wait_for(
+    what: &str,
+    timeout: Duration,
+    relay: &RelayProcess,
+    mut done: impl FnMut() -> bool,
+) {
+    let started = Instant::now();
+    while !done() {
+        assert!(
+            started.elapsed() < timeout,
+            "timed out after {timeout:?} waiting for {what}; relay log:\n{}",
+            relay.log()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+fn n_of(receipt: &Receipt) -> u64 {
+    value_json(&receipt.body)["n"].as_u64().unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ten_thousand_calls_reach_the_app_once_and_return_with_correlation() {
+    const COUNT: usize = 10_000;
+    let kafka = Tansu::start();
+    kafka.create_topic(INPUT, 3).await;
+    let app = TestApp::start(answer_ok).await;
+    let admin_port = free_port();
+    let relay = RelayProcess::start(
+        &config(&kafka, &app.url, admin_port, r#""json-enrich""#, ""),
+        admin_port,
+        &[],
+    );
+    let produced = kafka.produce(INPUT, inputs(COUNT)).await;
+    assert_eq!(produced.len(), COUNT);
+
+    let returns = kafka
+        .consume_all(OUTPUT, COUNT, Duration::from_secs(180))
+        .await;
+    assert_eq!(
+        returns.len(),
+        COUNT,
+        "data-returns missing; relay log:\n{}",
+        relay.log()
+    );
+
+    // Every input reached the application exactly once, enriched by json-enrich.
+    let receipts = app.receipts();
+    assert_eq!(
+        receipts.len(),
+        COUNT,
+        "the app got duplicates or missed calls"
+    );
+    let ids: HashSet<&str> = receipts.iter().map(|r| r.delivery_id.as_str()).collect();
+    assert_eq!(ids.len(), COUNT);
+    let ns: HashSet<u64> = receipts.iter().map(n_of).collect();
+    assert_eq!(ns.len(), COUNT);
+    for receipt in &receipts {
+        let body = value_json(&receipt.body);
+        assert_eq!(
+            body["handled_by"], "wasmrelay-test",
+            "json-enrich not applied: {body}"
+        );
+        assert_eq!(
+            receipt
+                .headers
+                .get("x-kafka-header-x-enriched-by")
+                .map(String::as_str),
+            Some("wasmrelay-test")
+        );
+        assert!(
+            receipt
+                .headers
+                .get("traceparent")
+                .is_some_and(|t| t.starts_with("00-")),
+            "traceparent not carried"
+        );
+        assert!(
+            receipt
+                .key
+                .as_deref()
+                .is_some_and(|k| k.starts_with("key-"))
+        );
+    }
+
+    // Every data-return carries its correlation headers, masked by mask-fields.
+    let by_id: HashMap<&str, &Receipt> = receipts
+        .iter()
+        .map(|r| (r.delivery_id.as_str(), r))
+        .collect();
+    for record in &returns {
+        let id = header_str(record, "wasmrelay-delivery-id");
+        let receipt = by_id
+            .get(id.as_str())
+            .unwrap_or_else(|| panic!("data-return for unknown delivery {id}"));
+        let (topic, partition, offset) = (
+            header_str(record, "wasmrelay-origin-topic"),
+            header_str(record, "wasmrelay-origin-partition"),
+            header_str(record, "wasmrelay-origin-offset"),
+        );
+        assert_eq!(format!("{topic}/{partition}/{offset}"), id);
+        assert_eq!(
+            record.header("wasmrelay-origin-key").map(<[u8]>::to_vec),
+            receipt.key.clone().map(String::into_bytes)
+        );
+        assert_eq!(
+            record.key.as_deref(),
+            receipt.key.as_deref().map(str::as_bytes)
+        );
+        let value = value_json(record.value.as_deref().unwrap());
+        assert_eq!(value["answer_to"], json!(id));
+        assert_eq!(
+            value["card_number"], "***",
+            "mask-fields not applied: {value}"
+        );
+        assert_eq!(header_str(record, "app"), "test-app");
+        assert_eq!(
+            header_str(record, "traceparent"),
+            receipt.headers["traceparent"]
+        );
+    }
+
+    assert!(
+        kafka
+            .consume_all(DLQ, 1, Duration::from_millis(500))
+            .await
+            .is_empty()
+    );
+    let committed_ok = || async {
+        kafka.committed_offsets("wasmrelay-orders", INPUT).await
+            == kafka.high_watermarks(INPUT).await
+    };
+    let started = Instant::now();
+    while !committed_ok().await {
+        assert!(
+            started.elapsed() < Duration::from_secs(20),
+            "offsets not committed to the end"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(
+        relay.metric(r#"wasmrelay_messages_delivered_total{flow="orders"}"#),
+        COUNT as u64
+    );
+    assert_eq!(
+        relay.metric(r#"wasmrelay_messages_returned_total{flow="orders"}"#),
+        COUNT as u64
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn app_errors_are_retried_or_dead_lettered_and_nothing_is_missing() {
+    const COUNT: usize = 600;
+    let kafka = Tansu::start();
+    kafka.create_topic(INPUT, 3).await;
+    // n % 10 == 0: 500 twice, then fine. n % 10 == 5: 400 always.
+    let app = TestApp::start(|receipt| {
+        let n = n_of(receipt);
+        if n.is_multiple_of(10) && receipt.attempt <= 2 {
+            (500, b"try again".to_vec(), vec![])
+        } else if n % 10 == 5 {
+            (400, format!("bad order {n}").into_bytes(), vec![])
+        } else {
+            answer_ok(receipt)
+        }
+    })
+    .await;
+    let admin_port = free_port();
+    let relay = RelayProcess::start(
+        &config(&kafka, &app.url, admin_port, r#""json-enrich""#, ""),
+        admin_port,
+        &[],
+    );
+    kafka.produce(INPUT, inputs(COUNT)).await;
+
+    let rejected = COUNT / 10;
+    let returns = kafka
+        .consume_all(OUTPUT, COUNT - rejected, Duration::from_secs(120))
+        .await;
+    let dead = kafka
+        .consume_all(DLQ, rejected, Duration::from_secs(60))
+        .await;
+    assert_eq!(
+        returns.len(),
+        COUNT - rejected,
+        "relay log:\n{}",
+        relay.log()
+    );
+    assert_eq!(dead.len(), rejected);
+
+    // Retried ones were delivered on their third attempt.
+    let receipts = app.receipts();
+    let retried: Vec<&Receipt> = receipts
+        .iter()
+        .filter(|r| n_of(r).is_multiple_of(10))
+        .collect();
+    assert_eq!(
+        retried.iter().filter(|r| r.attempt == 3).count(),
+        COUNT / 10
+    );
+    assert!(retried.iter().all(|r| r.attempt <= 3));
+    // Rejected ones were tried once and dead-lettered with the reason.
+    let mut dead_ns = HashSet::new();
+    for record in &dead {
+        assert_eq!(header_str(record, "wasmrelay-dlq-stage"), "app");
+        let reason = header_str(record, "wasmrelay-dlq-reason");
+        assert!(
+            reason.contains("400") && reason.contains("bad order"),
+            "{reason}"
+        );
+        assert_eq!(header_str(record, "wasmrelay-dlq-flow"), "orders");
+        assert!(
+            header_str(record, "wasmrelay-dlq-time-ms")
+                .parse::<u64>()
+                .is_ok()
+        );
+        assert!(record.header("wasmrelay-origin-offset").is_some());
+        let n = value_json(record.value.as_deref().unwrap())["n"]
+            .as_u64()
+            .unwrap();
+        assert_eq!(n % 10, 5);
+        dead_ns.insert(n);
+    }
+    assert_eq!(dead_ns.len(), rejected);
+    // Nothing else is missing: every input is a data-return or a dead letter.
+    let returned_ids: HashSet<String> = returns
+        .iter()
+        .map(|r| header_str(r, "wasmrelay-delivery-id"))
+        .collect();
+    let dead_ids: HashSet<String> = dead
+        .iter()
+        .map(|r| header_str(r, "wasmrelay-delivery-id"))
+        .collect();
+    assert_eq!(returned_ids.len() + dead_ids.len(), COUNT);
+    assert!(returned_ids.is_disjoint(&dead_ids));
+    assert!(relay.metric(r#"wasmrelay_retries_total{flow="orders"}"#) >= 2 * (COUNT / 10) as u64);
+    assert_eq!(
+        relay.metric(r#"wasmrelay_messages_dead_lettered_total{flow="orders"}"#),
+        rejected as u64
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn plugin_trap_and_timeout_dead_letter_the_message_and_the_flow_goes_on() {
+    let kafka = Tansu::start();
+    kafka.create_topic(INPUT, 1).await;
+    kafka.create_topic("loop-in", 1).await;
+    let app = TestApp::start(answer_ok).await;
+    let admin_port = free_port();
+    let looping_flow = r#"
+[[flows]]
+name = "looping"
+link = "main"
+input_topic = "loop-in"
+service_call = ["fault-loop"]
+output_topic = "loop-out"
+dead_letter_topic = "loop-in.dlq"
+"#;
+    let relay = RelayProcess::start(
+        &config(
+            &kafka,
+            &app.url,
+            admin_port,
+            r#""json-enrich", "fault-panic""#,
+            looping_flow,
+        ),
+        admin_port,
+        &[],
+    );
+    kafka.produce(INPUT, inputs(20)).await;
+    kafka.produce("loop-in", inputs(5)).await;
+
+    let trapped = kafka.consume_all(DLQ, 20, Duration::from_secs(60)).await;
+    assert_eq!(trapped.len(), 20, "relay log:\n{}", relay.log());
+    for record in &trapped {
+        assert!(header_str(record, "wasmrelay-dlq-stage").starts_with("plugin:fault-panic@"));
+        assert!(header_str(record, "wasmrelay-dlq-reason").contains("deliberate panic"));
+        // The dead letter is the input as consumed, ready to be replayed.
+        let value = value_json(record.value.as_deref().unwrap());
+        assert!(
+            value["n"].is_u64() && value.get("handled_by").is_none(),
+            "{value}"
+        );
+    }
+    let timed_out = kafka
+        .consume_all("loop-in.dlq", 5, Duration::from_secs(60))
+        .await;
+    assert_eq!(timed_out.len(), 5);
+    for record in &timed_out {
+        assert!(header_str(record, "wasmrelay-dlq-stage").starts_with("plugin:fault-loop@"));
+        assert!(
+            header_str(record, "wasmrelay-dlq-reason").contains("deadline"),
+            "{}",
+            header_str(record, "wasmrelay-dlq-reason")
+        );
+    }
+    assert_eq!(
+        app.count(),
+        0,
+        "nothing should reach the app past a trapping plugin"
+    );
+    // The flows went on to the end of their input.
+    let started = Instant::now();
+    while kafka.committed_offsets("wasmrelay-orders", INPUT).await != BTreeMap::from([(0, 20)])
+        || kafka
+            .committed_offsets("wasmrelay-looping", "loop-in")
+            .await
+            != BTreeMap::from([(0, 5)])
+    {
+        assert!(
+            started.elapsed() < Duration::from_secs(20),
+            "flows did not commit to the end"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigkill_mid_stream_loses_nothing_and_never_commits_past_unfinished_work() {
+    const COUNT: usize = 3_000;
+    let kafka = Tansu::start();
+    kafka.create_topic(INPUT, 3).await;
+    let app = TestApp::start(answer_ok).await;
+    let admin_port = free_port();
+    let config = config(&kafka, &app.url, admin_port, r#""json-enrich""#, "");
+    let mut relay = RelayProcess::start(&config, admin_port, &[]);
+    kafka.produce(INPUT, inputs(COUNT)).await;
+    wait_for(
+        "a third of the calls",
+        Duration::from_secs(120),
+        &relay,
+        || app.count() >= COUNT / 3,
+    )
+    .await;
+    relay.sigkill();
+
+    // What was committed at the kill: everything below must be finished,
+    // i.e. have its data-return on the output topic.
+    let committed = kafka.committed_offsets("wasmrelay-orders", INPUT).await;
+    let returned_before = kafka
+        .consume_all(OUTPUT, COUNT, Duration::from_secs(3))
+        .await;
+    let finished: HashSet<String> = returned_before
+        .iter()
+        .map(|r| header_str(r, "wasmrelay-delivery-id"))
+        .collect();
+    for (partition, position) in &committed {
+        for offset in 0..*position {
+            let id = format!("{INPUT}/{partition}/{offset}");
+            assert!(
+                finished.contains(&id),
+                "offset {id} was committed but its data-return is missing"
+            );
+        }
+    }
+
+    // A killed member leaves no LeaveGroup behind: the broker hands its
+    // partitions out again only once its session (6 s here) has expired.
+    tokio::time::sleep(Duration::from_secs(7)).await;
+    let relay = RelayProcess::start(&config, admin_port, &[]);
+    wait_for(
+        "every call delivered after the restart",
+        Duration::from_secs(180),
+        &relay,
+        || {
+            app.receipts()
+                .iter()
+                .map(|r| r.delivery_id.clone())
+                .collect::<HashSet<_>>()
+                .len()
+                >= COUNT
+        },
+    )
+    .await;
+    let receipts = app.receipts();
+    // At least once: every input delivered; a duplicate is the same message
+    // under the same delivery id.
+    let mut by_id: HashMap<String, u64> = HashMap::new();
+    for receipt in &receipts {
+        let n = n_of(receipt);
+        if let Some(previous) = by_id.insert(receipt.delivery_id.clone(), n) {
+            assert_eq!(
+                previous, n,
+                "delivery id {} carried two different messages",
+                receipt.delivery_id
+            );
+        }
+    }
+    assert_eq!(by_id.len(), COUNT);
+    assert_eq!(by_id.values().collect::<HashSet<_>>().len(), COUNT);
+    let returns = kafka
+        .consume_all(OUTPUT, receipts.len(), Duration::from_secs(60))
+        .await;
+    let returned: HashSet<String> = returns
+        .iter()
+        .map(|r| header_str(r, "wasmrelay-delivery-id"))
+        .collect();
+    assert_eq!(returned.len(), COUNT, "relay log:\n{}", relay.log());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_under_load_finishes_in_flight_work_and_exits_0() {
+    const COUNT: usize = 2_000;
+    let kafka = Tansu::start();
+    kafka.create_topic(INPUT, 3).await;
+    let app = TestApp::start(|receipt| {
+        std::thread::sleep(Duration::from_millis(2));
+        answer_ok(receipt)
+    })
+    .await;
+    let admin_port = free_port();
+    let config = config(&kafka, &app.url, admin_port, r#""json-enrich""#, "");
+    let mut relay = RelayProcess::start(&config, admin_port, &[]);
+    kafka.produce(INPUT, inputs(COUNT)).await;
+    wait_for("some calls", Duration::from_secs(120), &relay, || {
+        app.count() >= 300
+    })
+    .await;
+    relay.sigterm();
+    let status = relay.wait(Duration::from_secs(30));
+    assert_eq!(status.code(), Some(0), "relay log:\n{}", relay.log());
+    assert!(relay.log().contains("relay stopped"));
+
+    // Everything the app answered before the exit has its data-return.
+    let delivered: HashSet<String> = app
+        .receipts()
+        .iter()
+        .map(|r| r.delivery_id.clone())
+        .collect();
+    let returns = kafka
+        .consume_all(OUTPUT, delivered.len(), Duration::from_secs(10))
+        .await;
+    let returned: HashSet<String> = returns
+        .iter()
+        .map(|r| header_str(r, "wasmrelay-delivery-id"))
+        .collect();
+    let lost: Vec<&String> = delivered.difference(&returned).collect();
+    assert!(lost.is_empty(), "delivered but not returned: {lost:?}");
+    // The commit covers exactly finished work: restarting delivers the rest.
+    let committed: i64 = kafka
+        .committed_offsets("wasmrelay-orders", INPUT)
+        .await
+        .values()
+        .sum();
+    assert_eq!(
+        committed as usize,
+        returned.len(),
+        "committed offsets differ from finished work"
+    );
+    let relay = RelayProcess::start(&config, admin_port, &[]);
+    wait_for(
+        "the rest after the restart",
+        Duration::from_secs(120),
+        &relay,
+        || {
+            app.receipts()
+                .iter()
+                .map(|r| r.delivery_id.clone())
+                .collect::<HashSet<_>>()
+                .len()
+                >= COUNT
+        },
+    )
+    .await;
+}

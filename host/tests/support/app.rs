@@ -1,0 +1,133 @@
+//! A test application for sidecar flows: a real HTTP server on a free port
+//! that records every request it receives and answers as the test decides.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use axum::Router;
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+
+/// One request the application received.
+#[derive(Clone, Debug)]
+pub struct Receipt {
+    /// `x-wasmrelay-delivery-id`.
+    pub delivery_id: String,
+    /// `x-wasmrelay-key`, if any.
+    pub key: Option<String>,
+    /// The body.
+    pub body: Vec<u8>,
+    /// All request headers (lower-case names).
+    pub headers: HashMap<String, String>,
+    /// How many times this delivery id was received, this one included.
+    pub attempt: usize,
+}
+
+/// What the application answers: status, body, extra response headers.
+pub type Answer = (u16, Vec<u8>, Vec<(String, String)>);
+
+type Behaviour = dyn Fn(&Receipt) -> Answer + Send + Sync;
+
+struct AppState {
+    receipts: Mutex<Vec<Receipt>>,
+    attempts: Mutex<HashMap<String, usize>>,
+    behaviour: Box<Behaviour>,
+}
+
+/// A running test application.
+pub struct TestApp {
+    /// `http://127.0.0.1:PORT/calls`.
+    pub url: String,
+    state: Arc<AppState>,
+    stop: CancellationToken,
+}
+
+impl TestApp {
+    /// Starts the application on a free port; `behaviour` decides each answer.
+    pub async fn start(behaviour: impl Fn(&Receipt) -> Answer + Send + Sync + 'static) -> TestApp {
+        let listener = TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("binding the test app");
+        let addr = listener.local_addr().unwrap();
+        let state = Arc::new(AppState {
+            receipts: Mutex::new(Vec::new()),
+            attempts: Mutex::new(HashMap::new()),
+            behaviour: Box::new(behaviour),
+        });
+        let router = Router::new()
+            .route("/calls", axum::routing::post(handle))
+            .with_state(state.clone());
+        let stop = CancellationToken::new();
+        let stopped = stop.clone();
+        tokio::spawn(async move {
+            axum::serve(listener, router)
+                .with_graceful_shutdown(async move { stopped.cancelled().await })
+                .await
+                .unwrap();
+        });
+        TestApp {
+            url: format!("http://{addr}/calls"),
+            state,
+            stop,
+        }
+    }
+
+    /// Every request received so far, in arrival order.
+    pub fn receipts(&self) -> Vec<Receipt> {
+        self.state.receipts.lock().unwrap().clone()
+    }
+
+    /// How many requests were received.
+    pub fn count(&self) -> usize {
+        self.state.receipts.lock().unwrap().len()
+    }
+}
+
+impl Drop for TestApp {
+    fn drop(&mut self) {
+        self.stop.cancel();
+    }
+}
+
+async fn handle(State(state): State<Arc<AppState>>, headers: HeaderMap, body: Bytes) -> Response {
+    let header_map: HashMap<String, String> = headers
+        .iter()
+        .map(|(k, v)| {
+            (
+                k.as_str().to_string(),
+                String::from_utf8_lossy(v.as_bytes()).to_string(),
+            )
+        })
+        .collect();
+    let delivery_id = header_map
+        .get("x-wasmrelay-delivery-id")
+        .cloned()
+        .unwrap_or_default();
+    let attempt = {
+        let mut attempts = state.attempts.lock().unwrap();
+        let n = attempts.entry(delivery_id.clone()).or_insert(0);
+        *n += 1;
+        *n
+    };
+    let receipt = Receipt {
+        key: header_map.get("x-wasmrelay-key").cloned(),
+        delivery_id,
+        body: body.to_vec(),
+        headers: header_map,
+        attempt,
+    };
+    let (status, body, extra) = (state.behaviour)(&receipt);
+    state.receipts.lock().unwrap().push(receipt);
+    let mut response = (StatusCode::from_u16(status).unwrap(), body).into_response();
+    for (name, value) in extra {
+        response.headers_mut().insert(
+            axum::http::HeaderName::try_from(name).unwrap(),
+            axum::http::HeaderValue::try_from(value).unwrap(),
+        );
+    }
+    response
+}
