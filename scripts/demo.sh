@@ -1,30 +1,23 @@
 #!/usr/bin/env bash
-# Builds wasmrelay and the example plugins, then shows plugins at work on
-# sample messages with `wasmrelay plugin test`.
+# Builds wasmrelay and the example plugins, then runs `wasmrelay demo`: an
+# embedded development broker, a demo application and the example plugins,
+# with messages flowing and a live summary. Extra arguments go to the demo
+# (e.g. `--messages 5000`, `--rate 1000`); without `--messages` it stops
+# after 2,000 messages.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 say() { printf '\n\033[1m==> %s\033[0m\n' "$*" >&2; }
 
-scripts/setup.sh
+scripts/setup.sh --demo
 say "building wasmrelay"
 cargo build --locked --bin wasmrelay
 say "building the example plugins"
 plugins/build.sh >/dev/null
-relay=target/debug/wasmrelay
-input=examples/messages.jsonl
 
-say "input messages ($input)"
-cat "$input"
-
-say "json-enrich --config field=handled_by --config value=wasmrelay-demo"
-"$relay" plugin test plugins/dist/json-enrich.wasm --config field=handled_by --config value=wasmrelay-demo --input "$input"
-
-say "mask-fields --config fields=card_number,password"
-"$relay" plugin test plugins/dist/mask-fields.wasm --config fields=card_number,password --input "$input"
-
-say "route-by-field (router): which process each message is for"
-"$relay" plugin test plugins/dist/route-by-field.wasm --input "$input"
-
-say "fault-loop: a plugin that never returns is stopped at its deadline"
-head -n 1 "$input" | "$relay" plugin test plugins/dist/fault-loop.wasm --deadline-ms 100
+args=("$@")
+if [[ " ${args[*]-} " != *" --messages "* ]]; then
+  args+=(--messages 2000)
+fi
+say "wasmrelay demo ${args[*]}"
+RUST_LOG="${RUST_LOG:-warn}" target/debug/wasmrelay demo --plugins plugins/dist "${args[@]}"

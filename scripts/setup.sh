@@ -2,8 +2,12 @@
 # Installs what building, testing and the demo need, skipping whatever is
 # already there: the wasm32-wasip2 Rust target (plugins are built for it),
 # cargo-nextest (the test runner) and tansu (the Kafka broker the integration
-# tests start). Safe to run again and again.
+# tests start). Safe to run again and again. With `--demo`, only what the
+# demo needs (the wasm32-wasip2 target).
 set -euo pipefail
+
+demo_only=false
+[[ "${1:-}" == "--demo" ]] && demo_only=true
 
 say() { printf '\033[1m==> %s\033[0m\n' "$*" >&2; }
 
@@ -15,6 +19,10 @@ fi
 if ! rustup target list --installed 2>/dev/null | grep -qx wasm32-wasip2; then
   say "adding the wasm32-wasip2 Rust target (plugins are built for it)"
   rustup target add wasm32-wasip2
+fi
+
+if $demo_only; then
+  exit 0
 fi
 
 if ! cargo nextest --version >/dev/null 2>&1; then

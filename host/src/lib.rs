@@ -6,6 +6,7 @@
 pub mod admin;
 pub mod cli;
 pub mod config;
+pub mod demo;
 pub mod flow;
 pub mod kafka;
 pub mod node;

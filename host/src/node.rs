@@ -35,7 +35,15 @@ const FLUSH_TIMEOUT: Duration = Duration::from_secs(10);
 /// Runs a node until `shutdown` is cancelled, then shuts it down in order.
 /// Errors at start-up are returned before anything is consumed.
 pub async fn run(config: RelayConfig, shutdown: CancellationToken) -> anyhow::Result<()> {
-    let metrics = Arc::new(RelayMetrics::new());
+    run_with_metrics(config, Arc::new(RelayMetrics::new()), shutdown).await
+}
+
+/// [`run`] with metrics the caller keeps (the demo prints them live).
+pub async fn run_with_metrics(
+    config: RelayConfig,
+    metrics: Arc<RelayMetrics>,
+    shutdown: CancellationToken,
+) -> anyhow::Result<()> {
     let registry = start_plugins(&config).await?;
 
     let plugin_watch = CancellationToken::new();

@@ -569,3 +569,146 @@ async fn sigterm_under_load_finishes_in_flight_work_and_exits_0() {
     )
     .await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn transform_flow_processes_into_the_output_topic_without_an_app() {
+    let kafka = Tansu::start();
+    kafka.create_topic("raw", 2).await;
+    let admin_port = free_port();
+    let plugins = support::plugins_dist().display().to_string();
+    let config = format!(
+        r#"
+[admin]
+listen = "127.0.0.1:{admin_port}"
+[plugins]
+dir = "{plugins}"
+[plugins.config.json-enrich]
+field = "stage"
+value = "transformed"
+[links.main]
+bootstrap_servers = "{}"
+[links.main.options]
+"fetch.wait.max.ms" = "10"
+[[flows]]
+name = "transform"
+link = "main"
+input_topic = "raw"
+service_call = ["json-enrich"]
+data_return = ["mask-fields"]
+output_topic = "cooked"
+dead_letter_topic = "raw.dlq"
+[plugins.config.mask-fields]
+fields = "secret"
+"#,
+        kafka.bootstrap()
+    );
+    let relay = RelayProcess::start(&config, admin_port, &[]);
+    let records: Vec<TestRecord> = (0..100)
+        .map(|n| {
+            TestRecord::keyed(
+                format!("k{n}"),
+                json!({"n": n, "secret": "s3cret"}).to_string(),
+            )
+        })
+        .collect();
+    kafka.produce("raw", records).await;
+    let cooked = kafka
+        .consume_all("cooked", 100, Duration::from_secs(60))
+        .await;
+    assert_eq!(cooked.len(), 100, "relay log:\n{}", relay.log());
+    let mut ns = HashSet::new();
+    for record in &cooked {
+        let value = value_json(record.value.as_deref().unwrap());
+        assert_eq!(value["stage"], "transformed");
+        assert_eq!(value["secret"], "***");
+        assert!(record.header("wasmrelay-delivery-id").is_some());
+        ns.insert(value["n"].as_u64().unwrap());
+    }
+    assert_eq!(ns.len(), 100);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn second_signal_exits_at_once() {
+    let kafka = Tansu::start();
+    kafka.create_topic(INPUT, 1).await;
+    // An app that never answers in time: the first SIGTERM waits for the
+    // grace period (20 s); the second must not.
+    let app = TestApp::start(|receipt| {
+        std::thread::sleep(Duration::from_secs(3));
+        answer_ok(receipt)
+    })
+    .await;
+    let admin_port = free_port();
+    let mut relay = RelayProcess::start(
+        &config(&kafka, &app.url, admin_port, r#""json-enrich""#, ""),
+        admin_port,
+        &[],
+    );
+    kafka.produce(INPUT, inputs(5)).await;
+    wait_for("a call in flight", Duration::from_secs(30), &relay, || {
+        app.count() >= 1
+    })
+    .await;
+    relay.sigterm();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let started = Instant::now();
+    relay.sigterm();
+    let status = relay.wait(Duration::from_secs(10));
+    assert_eq!(status.code(), Some(130), "relay log:\n{}", relay.log());
+    assert!(started.elapsed() < Duration::from_secs(5));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_sidecar_example_runs_as_is_with_the_example_app() {
+    let kafka = Tansu::start();
+    kafka.create_topic(INPUT, 3).await;
+    let app_port = free_port();
+    let mut app = std::process::Command::new("python3")
+        .arg(support::repo_root().join("examples/sidecar/app.py"))
+        .args(["--port", &app_port.to_string()])
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .expect("python3 runs the example app");
+    let admin_port = free_port();
+    let example =
+        std::fs::read_to_string(support::repo_root().join("examples/sidecar/relay.toml")).unwrap();
+    let bootstrap = kafka.bootstrap();
+    let app_url = format!("http://127.0.0.1:{app_port}/calls");
+    let admin_addr = format!("127.0.0.1:{admin_port}");
+    let plugins = support::plugins_dist().display().to_string();
+    let relay = RelayProcess::start(
+        &example,
+        admin_port,
+        &[
+            ("KAFKA_BOOTSTRAP", bootstrap.as_str()),
+            ("APP_URL", app_url.as_str()),
+            ("ADMIN_ADDR", admin_addr.as_str()),
+            ("PLUGINS_DIR", plugins.as_str()),
+        ],
+    );
+    let orders: Vec<TestRecord> = (0..30)
+        .map(|n| {
+            TestRecord::keyed(
+                format!("c{n}"),
+                json!({"order": n, "quantity": n % 10}).to_string(),
+            )
+        })
+        .collect();
+    kafka.produce(INPUT, orders).await;
+    let returns = kafka.consume_all(OUTPUT, 27, Duration::from_secs(60)).await;
+    let dead = kafka.consume_all(DLQ, 3, Duration::from_secs(30)).await;
+    let _ = app.kill();
+    let _ = app.wait();
+    assert_eq!(
+        (returns.len(), dead.len()),
+        (27, 3),
+        "relay log:\n{}",
+        relay.log()
+    );
+    for record in &returns {
+        let value = value_json(record.value.as_deref().unwrap());
+        assert_eq!(value["status"], "accepted");
+        assert_eq!(value["card_number"], "***");
+        assert_eq!(header_str(record, "handled-by"), "example-app");
+    }
+}

@@ -1,6 +1,7 @@
 //! The command line (`wasmrelay --help`): argument definitions and dispatch
 //! to each subcommand. Nothing here does the work itself.
 
+mod demo;
 mod message_json;
 mod plugin_test;
 mod run;
@@ -37,6 +38,10 @@ pub enum Command {
     /// finished within the config's `shutdown_grace`, offsets committed,
     /// then exit 0. A second signal exits at once.
     Run(RunArgs),
+    /// Run a self-contained demo: an embedded development broker (librdkafka's
+    /// mock cluster), a demo application, the example plugins, and a stream
+    /// of sample service calls, with a live summary.
+    Demo(DemoArgs),
     /// Work with plugins (Wasm components) without running a relay.
     #[command(subcommand)]
     Plugin(PluginCommand),
@@ -71,6 +76,20 @@ pub struct RunArgs {
     /// replaced with environment variables.
     #[arg(long, short, value_name = "FILE", env = "WASMRELAY_CONFIG")]
     pub config: PathBuf,
+}
+
+/// Arguments of `wasmrelay demo`.
+#[derive(Debug, Args)]
+pub struct DemoArgs {
+    /// Stop after this many messages; without it the demo runs until Ctrl-C.
+    #[arg(long, value_name = "N")]
+    pub messages: Option<u64>,
+    /// Messages produced per second.
+    #[arg(long, value_name = "PER_SECOND", default_value_t = 200, value_parser = clap::value_parser!(u32).range(1..=100_000))]
+    pub rate: u32,
+    /// Directory of the example plugins (`json-enrich.wasm`, `mask-fields.wasm`).
+    #[arg(long, value_name = "DIR", default_value = "plugins/dist")]
+    pub plugins: PathBuf,
 }
 
 /// Arguments of `wasmrelay plugin test`.
@@ -123,6 +142,7 @@ fn parse_config_entry(s: &str) -> Result<(String, String), String> {
 pub fn run(cli: Cli) -> ExitCode {
     match cli.command {
         Command::Run(args) => run::run(args),
+        Command::Demo(args) => demo::run(args),
         Command::Plugin(PluginCommand::Test(args)) => plugin_test::run(args),
     }
 }

@@ -318,7 +318,6 @@ dead_letter_topic = "dlq"
         assert_eq!(flow.group_id(), "wasmrelay-orders");
         assert!(flow.deliver.is_none());
         assert_eq!(flow.retry, RetryConfig::default());
-        assert_eq!(flow.max_in_flight_per_partition, 1);
         assert_eq!(
             config.plugins.plugin_path("json-enrich"),
             dir.path().join("json-enrich.wasm")
@@ -547,8 +546,8 @@ dead_letter_topic = "dlq"
     #[test]
     fn every_problem_is_reported_one_per_line() {
         let dir = plugins_dir(&[]);
-        let text = config_text(dir.path(), "max_in_flight_per_partition = 0")
-            .replace("link = \"main\"", "link = \"other\"");
+        let text =
+            config_text(dir.path(), "group = \"\"").replace("link = \"main\"", "link = \"other\"");
         let err = parse_err(&text);
         let ConfigError::Invalid { problems, .. } = &err else {
             panic!("{err:?}")
@@ -558,8 +557,8 @@ dead_letter_topic = "dlq"
             keys,
             [
                 "flows[0].link",
-                "flows[0].service_call[0]",
-                "flows[0].max_in_flight_per_partition"
+                "flows[0].group",
+                "flows[0].service_call[0]"
             ]
         );
         let msg = err.to_string();
@@ -626,7 +625,6 @@ dead_letter_topic = "dlq"
         assert_eq!(flow.data_return, ["mask-fields"]);
         assert_eq!(flow.output_topic, "data-returns");
         assert_eq!(flow.dead_letter_topic, "service-calls.dlq");
-        assert_eq!(flow.max_in_flight_per_partition, 1);
         assert_eq!(flow.retry, RetryConfig::default());
         let Some(DeliverConfig::App(app)) = &flow.deliver else {
             panic!("no app target")

@@ -138,10 +138,6 @@ pub struct FlowConfig {
     /// Retry policy for failed deliveries and plugin errors.
     #[serde(default)]
     pub retry: RetryConfig,
-    /// Most messages in flight per partition. 1 keeps order per partition;
-    /// more allows concurrency across keys (order is kept per key).
-    #[serde(default = "default_in_flight")]
-    pub max_in_flight_per_partition: usize,
 }
 
 /// Delivery target of a flow.
@@ -216,10 +212,6 @@ fn default_call_deadline() -> Duration {
 
 fn default_memory_cap_mib() -> u64 {
     64
-}
-
-fn default_in_flight() -> usize {
-    1
 }
 
 fn default_app_timeout() -> Duration {

@@ -339,12 +339,6 @@ fn check_flow(
         check_app(&format!("{key}.deliver.app"), app, problems);
     }
     check_retry(&format!("{key}.retry"), &flow.retry, problems);
-    if flow.max_in_flight_per_partition == 0 {
-        problems.push(
-            format!("{key}.max_in_flight_per_partition"),
-            "must be at least 1 (1 keeps the order of each partition)",
-        );
-    }
 }
 
 fn check_app(key: &str, app: &AppTarget, problems: &mut Problems) {
@@ -746,15 +740,6 @@ url = "http://127.0.0.1:8080/calls"
             "not even one retry",
         );
         assert_eq!(retry(100, 100, 100), Vec::<String>::new());
-    }
-
-    #[test]
-    fn in_flight_must_be_at_least_one() {
-        assert_one(
-            problems(|c| c.flows[0].max_in_flight_per_partition = 0),
-            "flows[0].max_in_flight_per_partition",
-            "at least 1",
-        );
     }
 
     #[test]

@@ -1,7 +1,9 @@
 //! Creating the topics the relay owns (dead-letter, output, heartbeat,
 //! routes) when they are missing: some brokers (tansu among them) do not
-//! create topics on first use.
+//! create topics on first use. Topics that exist are left alone, so a
+//! cluster whose ACLs forbid creating topics works as long as they exist.
 
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, bail};
@@ -33,8 +35,35 @@ impl TopicSpec {
     }
 }
 
+type Admin = Arc<AdminClient<DefaultClientContext>>;
+
+/// The topics among `names` that the cluster's metadata does not show (with
+/// at least one partition).
+async fn missing_topics(
+    admin: &Admin,
+    names: &[String],
+    link: &LinkInfo,
+) -> anyhow::Result<Vec<String>> {
+    let client = admin.clone();
+    let metadata = tokio::task::spawn_blocking(move || {
+        client.inner().fetch_metadata(None, Duration::from_secs(10))
+    })
+    .await
+    .context("metadata task")?
+    .with_context(|| format!("reading metadata from {}", link.bootstrap_servers))?;
+    Ok(names
+        .iter()
+        .filter(|name| {
+            !metadata.topics().iter().any(|t| {
+                t.name() == name.as_str() && !t.partitions().is_empty() && t.error().is_none()
+            })
+        })
+        .cloned()
+        .collect())
+}
+
 /// Creates each topic that does not exist yet and waits until all of them
-/// are visible in metadata. Topics that exist are left alone.
+/// are visible in metadata.
 pub async fn ensure_topics(
     link: &LinkInfo,
     topics: &[TopicSpec],
@@ -43,12 +72,19 @@ pub async fn ensure_topics(
     if topics.is_empty() {
         return Ok(());
     }
-    let admin: AdminClient<DefaultClientContext> = link
-        .admin_config()
-        .create()
-        .context("creating a Kafka admin client")?;
+    let admin: Admin = Arc::new(
+        link.admin_config()
+            .create()
+            .context("creating a Kafka admin client")?,
+    );
+    let names: Vec<String> = topics.iter().map(|t| t.name.clone()).collect();
+    let missing = missing_topics(&admin, &names, link).await?;
+    if missing.is_empty() {
+        return Ok(());
+    }
     let new_topics: Vec<NewTopic<'_>> = topics
         .iter()
+        .filter(|spec| missing.contains(&spec.name))
         .map(|spec| {
             spec.configs.iter().fold(
                 NewTopic::new(&spec.name, spec.partitions, TopicReplication::Fixed(-1)),
@@ -56,6 +92,7 @@ pub async fn ensure_topics(
             )
         })
         .collect();
+    tracing::info!(topics = ?missing, "creating missing topics");
     let options = AdminOptions::new().operation_timeout(Some(timeout));
     let results = admin
         .create_topics(new_topics.iter(), &options)
@@ -70,32 +107,16 @@ pub async fn ensure_topics(
             ),
         }
     }
-    // Creation is asynchronous on the broker side: wait until metadata shows them.
+    // Creation completes asynchronously on the broker: wait for metadata.
     let deadline = Instant::now() + timeout;
-    let names: Vec<String> = topics.iter().map(|t| t.name.clone()).collect();
-    let metadata_admin = admin;
     loop {
-        let missing = {
-            let client = metadata_admin.inner();
-            let names = names.clone();
-            let metadata =
-                tokio::task::block_in_place(|| client.fetch_metadata(None, Duration::from_secs(5)))
-                    .with_context(|| format!("reading metadata from {}", link.bootstrap_servers))?;
-            names
-                .into_iter()
-                .filter(|name| {
-                    !metadata.topics().iter().any(|t| {
-                        t.name() == name && !t.partitions().is_empty() && t.error().is_none()
-                    })
-                })
-                .collect::<Vec<_>>()
-        };
-        if missing.is_empty() {
+        let still_missing = missing_topics(&admin, &missing, link).await?;
+        if still_missing.is_empty() {
             return Ok(());
         }
         if Instant::now() > deadline {
             bail!(
-                "topics {missing:?} did not appear on {} within {timeout:?}",
+                "topics {still_missing:?} did not appear on {} within {timeout:?}",
                 link.bootstrap_servers
             );
         }

@@ -1,0 +1,42 @@
+//! `wasmrelay demo`: runs [`crate::demo`] with Ctrl-C as the stop.
+
+use std::process::ExitCode;
+
+use tokio_util::sync::CancellationToken;
+
+use super::DemoArgs;
+use crate::demo::DemoOptions;
+
+pub(super) fn run(args: DemoArgs) -> ExitCode {
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(runtime) => runtime,
+        Err(error) => {
+            eprintln!("error: starting the async runtime: {error}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let options = DemoOptions {
+        messages: args.messages,
+        rate: args.rate,
+        plugins_dir: args.plugins,
+    };
+    runtime.block_on(async move {
+        let shutdown = CancellationToken::new();
+        let on_ctrl_c = shutdown.clone();
+        tokio::spawn(async move {
+            if tokio::signal::ctrl_c().await.is_ok() {
+                on_ctrl_c.cancel();
+            }
+        });
+        match crate::demo::run(options, shutdown).await {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(error) => {
+                eprintln!("error: {error:#}");
+                ExitCode::FAILURE
+            }
+        }
+    })
+}

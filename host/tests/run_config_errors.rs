@@ -1,0 +1,93 @@
+//! `wasmrelay run` with a bad config: it exits non-zero before starting
+//! anything, with a message that names the offending key.
+
+#![allow(clippy::unwrap_used)]
+
+mod support;
+
+use std::process::Command;
+
+fn base() -> String {
+    let plugins = support::plugins_dist().display();
+    format!(
+        r#"
+[plugins]
+dir = "{plugins}"
+[links.main]
+bootstrap_servers = "127.0.0.1:9"
+[[flows]]
+name = "orders"
+link = "main"
+input_topic = "service-calls"
+service_call = ["json-enrich"]
+data_return = ["mask-fields"]
+output_topic = "data-returns"
+dead_letter_topic = "service-calls.dlq"
+[flows.deliver.app]
+url = "http://127.0.0.1:8080/calls"
+"#
+    )
+}
+
+/// Runs `wasmrelay run` on `config` and returns (exit code, stderr).
+fn run(config: &str, env: &[(&str, &str)]) -> (i32, String) {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("relay.toml");
+    std::fs::write(&path, config).unwrap();
+    let output = Command::new(env!("CARGO_BIN_EXE_wasmrelay"))
+        .args(["run", "--config"])
+        .arg(&path)
+        .env_remove("APP_URL")
+        .envs(env.iter().copied())
+        .output()
+        .unwrap();
+    (
+        output.status.code().unwrap(),
+        String::from_utf8_lossy(&output.stderr).to_string(),
+    )
+}
+
+fn assert_rejected(config: &str, env: &[(&str, &str)], expected: &[&str]) {
+    let (code, stderr) = run(config, env);
+    assert_eq!(code, 2, "expected exit 2, got {code}: {stderr}");
+    for needle in expected {
+        assert!(
+            stderr.contains(needle),
+            "stderr does not mention `{needle}`:\n{stderr}"
+        );
+    }
+}
+
+#[test]
+fn unknown_key_is_named() {
+    let config = base().replace("output_topic =", "outptu_topic = \"x\"\noutput_topic =");
+    assert_rejected(&config, &[], &["flows[0]", "outptu_topic"]);
+}
+
+#[test]
+fn missing_topic_is_named() {
+    let config = base().replace("output_topic = \"data-returns\"\n", "");
+    assert_rejected(&config, &[], &["output_topic"]);
+}
+
+#[test]
+fn missing_plugin_file_is_named() {
+    let config = base().replace("[\"json-enrich\"]", "[\"json-enrich\", \"no-such-plugin\"]");
+    assert_rejected(
+        &config,
+        &[],
+        &["flows[0].service_call[1]", "no-such-plugin.wasm"],
+    );
+}
+
+#[test]
+fn malformed_url_is_named() {
+    let config = base().replace("http://127.0.0.1:8080/calls", "http//nowhere");
+    assert_rejected(&config, &[], &["flows[0].deliver.app.url"]);
+}
+
+#[test]
+fn unset_variable_is_named() {
+    let config = base().replace("http://127.0.0.1:8080/calls", "${APP_URL}");
+    assert_rejected(&config, &[], &["APP_URL", "line"]);
+}
