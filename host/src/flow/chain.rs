@@ -74,7 +74,8 @@ impl PluginChain {
                 Ok(version) => version,
                 Err(error) => return Attempt::Retry(ChainFailure::new(name, error.to_string())),
             };
-            let label = version.label().to_string();
+            // The full sha256: a dead letter must say exactly which version failed.
+            let label = format!("{}@{}", version.name(), version.sha256());
             let batch: Vec<Message> = current
                 .drain(..)
                 .map(|m| to_plugin_message(input, m))
