@@ -4,6 +4,7 @@
 //! parses the command line and calls into [`cli`].
 
 pub mod admin;
+pub mod center;
 pub mod cli;
 pub mod config;
 pub mod demo;

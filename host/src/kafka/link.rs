@@ -35,6 +35,48 @@ fn is_secret(property: &str) -> bool {
 }
 
 impl LinkInfo {
+    /// Parses a config-center value: a JSON object of librdkafka properties
+    /// with `bootstrap.servers` present. Numbers and booleans are accepted
+    /// and passed as text; properties the relay manages (other than
+    /// `bootstrap.servers`) are refused. The error says what is wrong.
+    pub fn from_center_value(value: &str) -> Result<LinkInfo, String> {
+        let parsed: serde_json::Value =
+            serde_json::from_str(value).map_err(|e| format!("not JSON: {e}"))?;
+        let serde_json::Value::Object(object) = parsed else {
+            return Err("not a JSON object of librdkafka properties".into());
+        };
+        let mut options = BTreeMap::new();
+        let mut bootstrap_servers = None;
+        for (key, value) in object {
+            let text = match value {
+                serde_json::Value::String(s) => s,
+                serde_json::Value::Number(n) => n.to_string(),
+                serde_json::Value::Bool(b) => b.to_string(),
+                other => {
+                    return Err(format!(
+                        "`{key}`: expected text, a number or a boolean, got {other}"
+                    ));
+                }
+            };
+            if key == "bootstrap.servers" {
+                bootstrap_servers = Some(text);
+            } else if MANAGED_PROPERTIES.contains(&key.as_str()) {
+                return Err(format!(
+                    "`{key}` is managed by the relay and cannot be set here"
+                ));
+            } else {
+                options.insert(key, text);
+            }
+        }
+        let bootstrap_servers = bootstrap_servers
+            .filter(|s| !s.trim().is_empty())
+            .ok_or_else(|| "`bootstrap.servers` is missing or empty".to_string())?;
+        Ok(LinkInfo {
+            bootstrap_servers,
+            options,
+        })
+    }
+
     /// The same info with secret values replaced by `***`.
     pub fn redacted(&self) -> LinkInfo {
         LinkInfo {
@@ -118,6 +160,40 @@ mod tests {
         assert_eq!(shown.options["sasl.password"], "***");
         assert_eq!(shown.options["ssl.key.password"], "***");
         assert_eq!(shown.options["sasl.username"], "relay");
+    }
+
+    #[test]
+    fn parses_center_values_and_names_what_is_wrong() {
+        let info = LinkInfo::from_center_value(
+            r#"{"bootstrap.servers": "k1:9092,k2:9092", "security.protocol": "sasl_ssl", "socket.timeout.ms": 30000, "enable.idempotence": true}"#,
+        )
+        .unwrap();
+        assert_eq!(info.bootstrap_servers, "k1:9092,k2:9092");
+        assert_eq!(info.options["socket.timeout.ms"], "30000");
+        assert_eq!(info.options["enable.idempotence"], "true");
+        for (value, expected) in [
+            ("kafka:9092", "not JSON"),
+            ("[1, 2]", "not a JSON object"),
+            (
+                r#"{"security.protocol": "ssl"}"#,
+                "`bootstrap.servers` is missing",
+            ),
+            (
+                r#"{"bootstrap.servers": " "}"#,
+                "`bootstrap.servers` is missing",
+            ),
+            (
+                r#"{"bootstrap.servers": "k:1", "group.id": "x"}"#,
+                "`group.id` is managed",
+            ),
+            (
+                r#"{"bootstrap.servers": "k:1", "sasl": {"a": 1}}"#,
+                "`sasl`: expected text",
+            ),
+        ] {
+            let error = LinkInfo::from_center_value(value).unwrap_err();
+            assert!(error.contains(expected), "{value}: {error}");
+        }
     }
 
     #[test]
