@@ -190,10 +190,12 @@ fn demo_config(bootstrap: &str, app_url: &str, plugins_dir: &std::path::Path) ->
                 ),
             ]),
         },
+        center: None,
         links: BTreeMap::from([(
             "main".to_string(),
             LinkConfig {
                 bootstrap_servers: bootstrap.to_string(),
+                from_center: false,
                 options: BTreeMap::new(),
             },
         )]),

@@ -10,6 +10,7 @@ pub mod config;
 pub mod demo;
 pub mod flow;
 pub mod kafka;
+pub mod link;
 pub mod node;
 pub mod plugin;
 pub mod telemetry;

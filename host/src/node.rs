@@ -16,12 +16,17 @@ use anyhow::{Context as _, bail};
 use tokio_util::sync::CancellationToken;
 
 use crate::admin::{self, AdminState};
+use crate::center::dir::DirCenter;
+use crate::config::CenterKind;
 use crate::config::RelayConfig;
 use crate::flow::app::AppClient;
 use crate::flow::chain::PluginChain;
 use crate::flow::{FlowHandler, FlowMessageHandler};
 use crate::kafka::admin::{TopicSpec, ensure_topics};
-use crate::kafka::{ConsumerOptions, LinkInfo, PartitionedConsumer, RelayProducer};
+use crate::kafka::{ConsumerOptions, LinkInfo};
+use crate::link::KafkaLink;
+use crate::link::runner::FlowRunner;
+use crate::link::switch::{SwitchOptions, follow_center};
 use crate::plugin::{PluginRegistry, PluginRuntime, WatchOptions, spawn_plugin_watcher};
 use crate::telemetry::metrics::RelayMetrics;
 
@@ -60,6 +65,7 @@ pub async fn run_with_metrics(
         metrics: metrics.clone(),
         plugins: registry.clone(),
         ready: AtomicBool::new(false),
+        links: std::sync::Mutex::new(Vec::new()),
     });
     let admin_listener = admin::bind(config.admin.listen).await?;
     tracing::info!(addr = %config.admin.listen, "admin API listening");
@@ -70,25 +76,36 @@ pub async fn run_with_metrics(
         admin_stop.clone(),
     ));
 
-    let mut producers: BTreeMap<String, RelayProducer> = BTreeMap::new();
-    for (id, link) in &config.links {
-        let info = LinkInfo {
-            bootstrap_servers: link.bootstrap_servers.clone(),
-            options: link.options.clone(),
+    let center = start_center(&config, shutdown.clone()).await?;
+    let mut links: BTreeMap<String, Arc<KafkaLink>> = BTreeMap::new();
+    for (id, link_config) in &config.links {
+        let owned_topics = owned_topics(&config, id);
+        let (info, source) = match (&center, link_config.from_center) {
+            (Some(center), true) => {
+                let wait = config
+                    .center
+                    .as_ref()
+                    .map(|c| c.wait_for_key)
+                    .unwrap_or_default();
+                (
+                    link_info_from_center(center, id, link_config, wait).await?,
+                    "center",
+                )
+            }
+            _ => (
+                LinkInfo {
+                    bootstrap_servers: link_config.bootstrap_servers.clone(),
+                    options: link_config.options.clone(),
+                },
+                "config",
+            ),
         };
-        let owned_topics: Vec<TopicSpec> = config
-            .flows
-            .iter()
-            .filter(|f| &f.link == id)
-            .flat_map(|f| [f.output_topic.clone(), f.dead_letter_topic.clone()])
-            .map(|t| TopicSpec::new(t, CREATED_TOPIC_PARTITIONS))
-            .collect();
         ensure_topics(&info, &owned_topics, TOPIC_CREATION_TIMEOUT)
             .await
             .with_context(|| format!("link `{id}`: preparing the topics the relay writes to"))?;
-        producers.insert(
+        links.insert(
             id.clone(),
-            RelayProducer::new(&info).with_context(|| format!("link `{id}`"))?,
+            KafkaLink::new(id, info, source).with_context(|| format!("link `{id}`"))?,
         );
     }
 
@@ -96,13 +113,9 @@ pub async fn run_with_metrics(
         shutdown_grace: config.shutdown_grace,
         ..ConsumerOptions::default()
     };
-    let mut consumers = Vec::new();
+    let mut runners: Vec<(String, Arc<FlowRunner>)> = Vec::new();
     for flow in &config.flows {
-        let link = &config.links[&flow.link];
-        let info = LinkInfo {
-            bootstrap_servers: link.bootstrap_servers.clone(),
-            options: link.options.clone(),
-        };
+        let link = links[&flow.link].clone();
         let app = match &flow.deliver {
             Some(crate::config::DeliverConfig::App(app)) => Some(
                 AppClient::new(&flow.name, &app.url, app.timeout, app.concurrency)
@@ -124,37 +137,70 @@ pub async fn run_with_metrics(
                 registry.clone(),
                 metrics.clone(),
             ),
-            producer: producers[&flow.link].clone(),
+            link: link.clone(),
             output_topic: flow.output_topic.clone(),
             dead_letter_topic: flow.dead_letter_topic.clone(),
             retry: flow.retry.clone(),
             metrics: metrics.flow(&flow.name),
         };
-        let consumer = PartitionedConsumer::start(
-            &info,
+        let runner = FlowRunner::new(
+            &flow.name,
             &flow.group_id(),
             &flow.input_topic,
             Arc::new(FlowMessageHandler::new(handler)),
             consumer_options.clone(),
             shutdown.clone(),
-        )
-        .with_context(|| format!("flow `{}`: starting its consumer", flow.name))?;
-        tracing::info!(flow = %flow.name, topic = %flow.input_topic, group = %flow.group_id(), "flow started");
-        consumers.push((flow.name.clone(), consumer));
+        );
+        runner
+            .start_on(&link.current().info)
+            .with_context(|| format!("flow `{}`: starting its consumer", flow.name))?;
+        tracing::info!(flow = %flow.name, topic = %flow.input_topic, group = %flow.group_id(), link = %flow.link, "flow started");
+        runners.push((flow.link.clone(), runner));
     }
 
+    // Links that follow the center switch when their key changes.
+    if let (Some(center), Some(center_config)) = (&center, &config.center) {
+        for (id, link) in &links {
+            if !config.links[id].from_center {
+                continue;
+            }
+            let link_runners: Vec<Arc<FlowRunner>> = runners
+                .iter()
+                .filter(|(l, _)| l == id)
+                .map(|(_, r)| r.clone())
+                .collect();
+            let options = SwitchOptions {
+                probe_timeout: center_config.probe_timeout,
+                drain_timeout: center_config.drain_timeout,
+                owned_topics: owned_topics(&config, id),
+                base_options: config.links[id].options.clone(),
+            };
+            tokio::spawn(follow_center(
+                link.clone(),
+                link_runners,
+                center.subscribe(),
+                options,
+                shutdown.clone(),
+            ));
+        }
+    }
+    admin_state.set_links(links.values().cloned().collect());
+
     admin_state.set_ready(true);
-    tracing::info!(node = %config.node.id, flows = consumers.len(), "relay ready");
+    tracing::info!(node = %config.node.id, flows = runners.len(), "relay ready");
     shutdown.cancelled().await;
 
     tracing::info!("shutting down: finishing in-flight messages");
     admin_state.set_ready(false);
-    for (flow, consumer) in consumers {
-        let report = consumer.join().await;
-        tracing::info!(%flow, consumed = report.consumed, abandoned = report.abandoned_at_shutdown, "flow stopped");
+    for (_, runner) in &runners {
+        if let Some(consumer) = runner.take() {
+            let report = consumer.stop_and_join().await;
+            tracing::info!(flow = %runner.name, consumed = report.consumed, abandoned = report.abandoned_at_shutdown, "flow stopped");
+        }
     }
     plugin_watch.cancel();
-    for (id, producer) in producers {
+    for (id, link) in links {
+        let producer = link.producer();
         let flushed = tokio::task::spawn_blocking(move || producer.flush(FLUSH_TIMEOUT)).await;
         if !matches!(flushed, Ok(Ok(()))) {
             tracing::warn!(link = %id, "producer did not flush everything in time");
@@ -164,6 +210,67 @@ pub async fn run_with_metrics(
     let _ = admin_task.await;
     tracing::info!("relay stopped");
     Ok(())
+}
+
+/// The topics the relay writes to through link `id` (created when missing).
+fn owned_topics(config: &RelayConfig, id: &str) -> Vec<TopicSpec> {
+    config
+        .flows
+        .iter()
+        .filter(|f| f.link == id)
+        .flat_map(|f| [f.output_topic.clone(), f.dead_letter_topic.clone()])
+        .map(|t| TopicSpec::new(t, CREATED_TOPIC_PARTITIONS))
+        .collect()
+}
+
+/// Starts the config center, if one is configured.
+async fn start_center(
+    config: &RelayConfig,
+    shutdown: CancellationToken,
+) -> anyhow::Result<Option<DirCenter>> {
+    let Some(center) = &config.center else {
+        return Ok(None);
+    };
+    match center.kind {
+        CenterKind::Dir => {
+            let dir = center.dir.clone().context("center.dir is not set")?;
+            let started = DirCenter::start(&dir, shutdown).await?;
+            tracing::info!(dir = %dir.display(), "config center: directory");
+            Ok(Some(started))
+        }
+    }
+}
+
+/// Waits (up to `wait`) for `kafka.<id>` in the center and parses it; the
+/// config file's options are used under the center's.
+async fn link_info_from_center(
+    center: &DirCenter,
+    id: &str,
+    link: &crate::config::LinkConfig,
+    wait: Duration,
+) -> anyhow::Result<LinkInfo> {
+    let key = format!("{}{id}", crate::center::KAFKA_KEY_PREFIX);
+    let mut state = center.subscribe();
+    let deadline = tokio::time::Instant::now() + wait;
+    loop {
+        let value = state.borrow_and_update().kafka_link(id).map(str::to_string);
+        if let Some(value) = value {
+            let mut info = LinkInfo::from_center_value(&value).map_err(|problem| {
+                anyhow::anyhow!("link `{id}`: bad value at center key `{key}`: {problem}")
+            })?;
+            for (k, v) in &link.options {
+                info.options.entry(k.clone()).or_insert_with(|| v.clone());
+            }
+            return Ok(info);
+        }
+        tracing::info!(link = %id, %key, "waiting for the link's key in the config center");
+        if tokio::time::timeout_at(deadline, state.changed())
+            .await
+            .is_err()
+        {
+            anyhow::bail!("link `{id}`: the config center has no key `{key}` (waited {wait:?})");
+        }
+    }
 }
 
 /// Loads every plugin in the plugins directory and checks that each plugin a

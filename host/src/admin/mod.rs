@@ -1,7 +1,8 @@
 //! The admin HTTP API, on its own listener apart from the data path:
 //! `/healthz` (the process is up), `/readyz` (links connected, plugins
 //! loaded, not shutting down), `/metrics` (Prometheus text), `/plugins`
-//! (loaded versions).
+//! (loaded versions), `/links` (current Kafka connection per link, secrets
+//! redacted, and the history of switches).
 //!
 //! Owns: routing and rendering. The state it shows belongs to the modules
 //! that own it; they hand it over through [`AdminState`].
@@ -34,12 +35,21 @@ pub struct AdminState {
     pub plugins: Arc<PluginRegistry>,
     /// True once everything started; false again when shutting down.
     pub ready: AtomicBool,
+    /// The Kafka links, for `/links`.
+    pub links: std::sync::Mutex<Vec<Arc<crate::link::KafkaLink>>>,
 }
 
 impl AdminState {
     /// Marks the node ready (or not) for `/readyz`.
     pub fn set_ready(&self, ready: bool) {
         self.ready.store(ready, Ordering::SeqCst);
+    }
+
+    /// Hands the links over for `/links`.
+    pub fn set_links(&self, links: Vec<Arc<crate::link::KafkaLink>>) {
+        if let Ok(mut current) = self.links.lock() {
+            *current = links;
+        }
     }
 }
 
@@ -50,6 +60,7 @@ pub fn router(state: Arc<AdminState>) -> Router {
         .route("/readyz", get(readyz))
         .route("/metrics", get(metrics))
         .route("/plugins", get(plugins))
+        .route("/links", get(links))
         .fallback(not_found)
         .with_state(state)
 }
@@ -118,10 +129,21 @@ async fn plugins(State(state): State<Arc<AdminState>>) -> Json<serde_json::Value
     Json(json!({"node": state.node_id, "plugins": plugins}))
 }
 
+async fn links(State(state): State<Arc<AdminState>>) -> Json<serde_json::Value> {
+    let links: Vec<serde_json::Value> = state
+        .links
+        .lock()
+        .map(|links| links.iter().map(|l| l.snapshot()).collect())
+        .unwrap_or_default();
+    Json(json!({"node": state.node_id, "links": links}))
+}
+
 async fn not_found() -> Response {
     (
         StatusCode::NOT_FOUND,
-        Json(json!({"error": "no such endpoint; try /healthz, /readyz, /metrics, /plugins"})),
+        Json(
+            json!({"error": "no such endpoint; try /healthz, /readyz, /metrics, /plugins, /links"}),
+        ),
     )
         .into_response()
 }

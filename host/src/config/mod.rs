@@ -582,6 +582,29 @@ dead_letter_topic = "dlq"
 
     /// The sidecar example loads as it is with its four variables set.
     #[test]
+    fn sidecar_center_example_loads() {
+        let plugins = plugins_dir(&["json-enrich", "mask-fields"]);
+        let center = tempfile::tempdir().unwrap();
+        let (plugins_path, center_path) = (
+            plugins.path().display().to_string(),
+            center.path().display().to_string(),
+        );
+        let env = move |name: &str| match name {
+            "APP_URL" => Some("http://127.0.0.1:8080/calls".to_string()),
+            "PLUGINS_DIR" => Some(plugins_path.clone()),
+            "CENTER_DIR" => Some(center_path.clone()),
+            _ => None,
+        };
+        let path =
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/sidecar-center/relay.toml");
+        let config = load_with_env(&path, &env).unwrap();
+        let center_config = config.center.as_ref().unwrap();
+        assert_eq!(center_config.kind, CenterKind::Dir);
+        assert_eq!(center_config.dir.as_deref(), Some(center.path()));
+        assert!(config.links["main"].from_center);
+    }
+
+    #[test]
     fn sidecar_example_loads() {
         let dir = plugins_dir(&["json-enrich", "mask-fields"]);
         let plugins = dir.path().display().to_string();

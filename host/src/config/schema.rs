@@ -21,6 +21,9 @@ pub struct RelayConfig {
     pub admin: AdminConfig,
     /// Where plugins come from and the limits they run under.
     pub plugins: PluginsConfig,
+    /// The config center Kafka connection info is read from (`kafka.<link>`).
+    #[serde(default)]
+    pub center: Option<CenterConfig>,
     /// Kafka connections by link id (`[links.main]`). Flows name a link.
     pub links: BTreeMap<String, LinkConfig>,
     /// The message flows (`[[flows]]`).
@@ -92,12 +95,48 @@ pub struct PluginsConfig {
     pub config: BTreeMap<String, BTreeMap<String, String>>,
 }
 
+/// Where live Kafka connection info comes from.
+#[derive(Clone, Debug, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct CenterConfig {
+    /// The backend: `dir` (a directory of files, e.g. a mounted Kubernetes
+    /// ConfigMap; each file name is a key, its content the value).
+    pub kind: CenterKind,
+    /// The directory (`kind = "dir"`).
+    #[serde(default)]
+    pub dir: Option<PathBuf>,
+    /// How long a link waits at start for its key before the relay gives up.
+    #[serde(default = "default_wait_for_key", with = "humantime_serde")]
+    pub wait_for_key: Duration,
+    /// How long a new cluster may take to answer before a switch is refused.
+    #[serde(default = "default_probe_timeout", with = "humantime_serde")]
+    pub probe_timeout: Duration,
+    /// How long the old cluster is drained after a switch; what is left
+    /// there after that is reported.
+    #[serde(default = "default_drain_timeout", with = "humantime_serde")]
+    pub drain_timeout: Duration,
+}
+
+/// Config center backends.
+#[derive(Clone, Copy, Debug, Deserialize, Serialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum CenterKind {
+    /// A directory of files.
+    Dir,
+}
+
 /// One Kafka connection.
 #[derive(Clone, Debug, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct LinkConfig {
-    /// `bootstrap.servers`: comma-separated `host:port` list.
+    /// `bootstrap.servers`: comma-separated `host:port` list. Not used (and
+    /// may be omitted) when `from_center` is set.
+    #[serde(default)]
     pub bootstrap_servers: String,
+    /// Take the connection info from the config center key `kafka.<link id>`
+    /// and follow its changes (requires `[center]`).
+    #[serde(default)]
+    pub from_center: bool,
     /// Other librdkafka properties passed through as they are
     /// (`"security.protocol" = "sasl_ssl"`, `"sasl.username" = "..."`).
     /// Properties the relay manages itself (group.id, enable.auto.commit,
@@ -185,6 +224,18 @@ impl Default for RetryConfig {
             budget: default_retry_budget(),
         }
     }
+}
+
+fn default_wait_for_key() -> Duration {
+    Duration::from_secs(30)
+}
+
+fn default_probe_timeout() -> Duration {
+    Duration::from_secs(5)
+}
+
+fn default_drain_timeout() -> Duration {
+    Duration::from_secs(30)
 }
 
 fn default_node_id() -> String {

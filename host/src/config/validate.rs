@@ -38,6 +38,7 @@ pub fn validate(config: &RelayConfig) -> Result<(), Vec<Problem>> {
         );
     }
     let plugin_files = check_plugins(&config.plugins, &mut problems);
+    check_center(config, &mut problems);
     check_links(&config.links, &mut problems);
     if config.flows.is_empty() {
         problems.push("flows", "at least one flow (`[[flows]]`) is required");
@@ -163,6 +164,41 @@ fn managed_property(name: &str) -> Option<&'static str> {
     })
 }
 
+fn check_center(config: &RelayConfig, problems: &mut Problems) {
+    let Some(center) = &config.center else {
+        for (id, link) in &config.links {
+            if link.from_center {
+                problems.push(
+                    format!("links.{}.from_center", key_segment(id)),
+                    "needs a `[center]` to read `kafka.<link>` from",
+                );
+            }
+        }
+        return;
+    };
+    match (center.kind, &center.dir) {
+        (crate::config::CenterKind::Dir, None) => {
+            problems.push("center.dir", "is required with `kind = \"dir\"`");
+        }
+        (crate::config::CenterKind::Dir, Some(dir)) if !dir.is_dir() => {
+            problems.push(
+                "center.dir",
+                format!("{} is not a directory", dir.display()),
+            );
+        }
+        _ => {}
+    }
+    for (key, value) in [
+        ("center.wait_for_key", center.wait_for_key),
+        ("center.probe_timeout", center.probe_timeout),
+        ("center.drain_timeout", center.drain_timeout),
+    ] {
+        if value.is_zero() {
+            problems.push(key, "must be more than zero");
+        }
+    }
+}
+
 fn check_links(links: &BTreeMap<String, LinkConfig>, problems: &mut Problems) {
     if links.is_empty() {
         problems.push(
@@ -175,8 +211,10 @@ fn check_links(links: &BTreeMap<String, LinkConfig>, problems: &mut Problems) {
         if !is_identifier(id) {
             problems.push(&key, not_identifier("link id", id));
         }
-        for problem in bootstrap_problems(&link.bootstrap_servers) {
-            problems.push(format!("{key}.bootstrap_servers"), problem);
+        if !link.from_center {
+            for problem in bootstrap_problems(&link.bootstrap_servers) {
+                problems.push(format!("{key}.bootstrap_servers"), problem);
+            }
         }
         for name in link.options.keys() {
             if let Some(why) = managed_property(name) {
@@ -458,6 +496,44 @@ url = "http://127.0.0.1:8080/calls"
         assert_eq!(found.len(), 1, "{found:#?}");
         assert!(found[0].starts_with(&format!("{key}: ")), "{found:#?}");
         assert!(found[0].contains(text), "{found:#?}");
+    }
+
+    #[test]
+    fn links_from_the_center_need_a_center_with_a_directory() {
+        assert_one(
+            problems(|c| c.links.get_mut("main").unwrap().from_center = true),
+            "links.main.from_center",
+            "needs a `[center]`",
+        );
+        let center = |dir: Option<std::path::PathBuf>| crate::config::CenterConfig {
+            kind: crate::config::CenterKind::Dir,
+            dir,
+            wait_for_key: std::time::Duration::from_secs(1),
+            probe_timeout: std::time::Duration::from_secs(1),
+            drain_timeout: std::time::Duration::from_secs(1),
+        };
+        assert_one(
+            problems(|c| c.center = Some(center(None))),
+            "center.dir",
+            "is required",
+        );
+        assert_one(
+            problems(|c| c.center = Some(center(Some("/nonexistent/center".into())))),
+            "center.dir",
+            "not a directory",
+        );
+        // From the center, `bootstrap_servers` may be left out.
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path().to_path_buf();
+        assert_eq!(
+            problems(|c| {
+                c.center = Some(center(Some(dir)));
+                let link = c.links.get_mut("main").unwrap();
+                link.from_center = true;
+                link.bootstrap_servers.clear();
+            }),
+            Vec::<String>::new()
+        );
     }
 
     fn app(config: &mut RelayConfig) -> &mut AppTarget {

@@ -26,7 +26,8 @@ use super::retry::{Retried, retry};
 use crate::config::RetryConfig;
 use crate::kafka::consumer::{Completion, MessageHandler, Outcome};
 use crate::kafka::producer::Delivered;
-use crate::kafka::{InputRecord, OutputRecord, RelayProducer};
+use crate::kafka::{InputRecord, OutputRecord};
+use crate::link::KafkaLink;
 use crate::telemetry::metrics::FlowMetrics;
 
 /// Waits between attempts to write a dead letter that Kafka refused.
@@ -45,8 +46,8 @@ pub struct FlowHandler {
     pub app: Option<AppClient>,
     /// Applied to each data-return (or transform output).
     pub data_return: PluginChain,
-    /// Producer of the flow's link.
-    pub producer: RelayProducer,
+    /// The flow's link: data-returns and dead letters go to its current cluster.
+    pub link: Arc<KafkaLink>,
     /// Where data-returns go.
     pub output_topic: String,
     /// Where dead letters go.
@@ -189,7 +190,7 @@ impl FlowHandler {
             } else {
                 &self.output_topic
             };
-            match self.producer.enqueue(topic, &record).await {
+            match self.link.producer().enqueue(topic, &record).await {
                 Ok(ack) => in_flight.push(InFlight {
                     record,
                     dead_letter,
@@ -296,7 +297,12 @@ impl FlowHandler {
     /// Writes a dead letter until Kafka acknowledges it; false if aborted first.
     async fn write_dead_letter(&self, record: OutputRecord, abort: &CancellationToken) -> bool {
         loop {
-            match self.producer.send(&self.dead_letter_topic, &record).await {
+            match self
+                .link
+                .producer()
+                .send(&self.dead_letter_topic, &record)
+                .await
+            {
                 Ok(_) => {
                     self.metrics.dead_lettered.inc();
                     return true;

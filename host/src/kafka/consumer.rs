@@ -128,6 +128,8 @@ struct Shared {
     finished_tx: mpsc::UnboundedSender<(i32, i64)>,
     finished_rx: Mutex<mpsc::UnboundedReceiver<(i32, i64)>>,
     consumed: AtomicUsize,
+    /// Next offset to consume per partition (kept across revocations).
+    positions: Mutex<HashMap<i32, i64>>,
 }
 
 struct RelayConsumerContext {
@@ -199,6 +201,7 @@ impl PartitionedConsumer {
             finished_tx,
             finished_rx: Mutex::new(finished_rx),
             consumed: AtomicUsize::new(0),
+            positions: Mutex::new(HashMap::new()),
         });
         let consumer: RelayBaseConsumer = link
             .consumer_config(group, options.commit_interval)
@@ -220,6 +223,17 @@ impl PartitionedConsumer {
             })
             .context("starting the consumer thread")?;
         Ok(PartitionedConsumer { done, shared })
+    }
+
+    /// The next offset to consume of each partition this consumer has read
+    /// from (highest consumed + 1). Used to drain a cluster up to the high
+    /// watermarks it had when a link switched away from it.
+    pub fn positions(&self) -> HashMap<i32, i64> {
+        self.shared
+            .positions
+            .lock()
+            .map(|p| p.clone())
+            .unwrap_or_default()
     }
 
     /// Records consumed so far.
@@ -272,6 +286,10 @@ impl Shared {
                 .consumed(record.offset);
         }
         self.consumed.fetch_add(1, Ordering::Relaxed);
+        if let Ok(mut positions) = self.positions.lock() {
+            let next = positions.entry(partition).or_insert(0);
+            *next = (*next).max(record.offset + 1);
+        }
         let Ok(mut lanes) = self.lanes.lock() else {
             return;
         };

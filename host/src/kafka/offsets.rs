@@ -54,6 +54,11 @@ impl PartitionOffsets {
         self.in_flight.len()
     }
 
+    /// The highest offset consumed so far.
+    pub fn highest_consumed(&self) -> Option<i64> {
+        self.highest_consumed
+    }
+
     /// The last commit position handed out.
     pub fn committed_position(&self) -> Option<i64> {
         self.committed_position

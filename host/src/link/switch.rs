@@ -1,0 +1,291 @@
+//! Following the config center: when `kafka.<link-id>` changes to a valid
+//! value of a cluster that answers, switch the link to it at once and drain
+//! the old cluster up to the high watermarks it had at the switch.
+//!
+//! A bad value (not JSON, no `bootstrap.servers`, a cluster that does not
+//! answer) and a deleted key leave the current link serving and are
+//! reported in the log and at `/links`. The center's latest value wins:
+//! flips in quick succession end on the last one.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime};
+
+use anyhow::Context as _;
+use rdkafka::consumer::{BaseConsumer, Consumer as _};
+use rdkafka::{Offset, TopicPartitionList};
+use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
+
+use super::runner::{FlowRunner, RunningConsumer};
+use super::{KafkaLink, LinkGeneration, SwitchRecord};
+use crate::center::{CenterState, Reachability};
+use crate::kafka::admin::{TopicSpec, ensure_topics};
+use crate::kafka::{LinkInfo, RelayProducer};
+
+/// How a link follows the center.
+#[derive(Clone, Debug)]
+pub struct SwitchOptions {
+    /// How long the new cluster may take to answer a metadata request.
+    pub probe_timeout: Duration,
+    /// How long the old cluster is drained before the rest is left there.
+    pub drain_timeout: Duration,
+    /// Topics the relay writes to on this link (created on a new cluster).
+    pub owned_topics: Vec<TopicSpec>,
+    /// Options from the config file, under the center's value.
+    pub base_options: std::collections::BTreeMap<String, String>,
+}
+
+/// Follows `center` for `link` until `shutdown`.
+pub async fn follow_center(
+    link: Arc<KafkaLink>,
+    runners: Vec<Arc<FlowRunner>>,
+    mut center: watch::Receiver<CenterState>,
+    options: SwitchOptions,
+    shutdown: CancellationToken,
+) {
+    let key = format!("{}{}", crate::center::KAFKA_KEY_PREFIX, link.id());
+    loop {
+        tokio::select! {
+            _ = shutdown.cancelled() => return,
+            changed = center.changed() => if changed.is_err() { return },
+        }
+        let state = center.borrow_and_update().clone();
+        let reachable = state.reachability == Reachability::Reachable;
+        link.update_status(|s| s.center_reachable = Some(reachable));
+        if !reachable {
+            continue;
+        }
+        let Some(value) = state.kafka_link(link.id()) else {
+            tracing::warn!(link = %link.id(), %key, "the key was deleted from the config center; keeping the current link");
+            link.update_status(|s| {
+                s.last_error = Some(format!("key `{key}` was deleted; keeping the current link"))
+            });
+            continue;
+        };
+        let info = match LinkInfo::from_center_value(value) {
+            Ok(mut info) => {
+                for (k, v) in &options.base_options {
+                    info.options.entry(k.clone()).or_insert_with(|| v.clone());
+                }
+                info
+            }
+            Err(problem) => {
+                tracing::error!(link = %link.id(), %key, %problem, "bad value in the config center; keeping the current link");
+                link.update_status(|s| {
+                    s.last_error = Some(format!("bad value at `{key}`: {problem}"))
+                });
+                continue;
+            }
+        };
+        if info == link.current().info {
+            continue;
+        }
+        if let Err(error) = switch(&link, &runners, info, &options, &shutdown).await {
+            tracing::error!(link = %link.id(), error = %format!("{error:#}"), "link switch refused; keeping the current link");
+            link.update_status(|s| s.last_error = Some(format!("{error:#}")));
+        }
+    }
+}
+
+/// Switches `link` to `info`: checks the new cluster, starts consuming and
+/// producing there, then drains the old one in the background.
+async fn switch(
+    link: &Arc<KafkaLink>,
+    runners: &[Arc<FlowRunner>],
+    info: LinkInfo,
+    options: &SwitchOptions,
+    shutdown: &CancellationToken,
+) -> anyhow::Result<()> {
+    let started = Instant::now();
+    let at = SystemTime::now();
+    probe(&info, options.probe_timeout)
+        .await
+        .with_context(|| format!("the new cluster {} does not answer", info.bootstrap_servers))?;
+    ensure_topics(
+        &info,
+        &options.owned_topics,
+        options.probe_timeout.max(Duration::from_secs(10)),
+    )
+    .await
+    .context("preparing the relay's topics on the new cluster")?;
+    let producer = RelayProducer::new(&info)?;
+    let old = link.swap(LinkGeneration {
+        info: info.clone(),
+        producer,
+        since: SystemTime::now(),
+        source: "center",
+    });
+    tracing::info!(link = %link.id(), from = %old.info.bootstrap_servers, to = %info.bootstrap_servers, "switching link");
+    link.update_status(|s| {
+        s.switching = true;
+        s.last_error = None;
+    });
+
+    // High watermarks of the old cluster at the switch: what producers left there.
+    let mut drains = Vec::new();
+    for runner in runners {
+        let marks = old_cluster_marks(
+            &old.info,
+            runner.topic(),
+            runner.group(),
+            options.probe_timeout,
+        )
+        .await;
+        let replaced = runner
+            .start_on(&info)
+            .context("starting the consumer on the new cluster")?;
+        if let Some(old_consumer) = replaced {
+            drains.push((runner.name.clone(), old_consumer, marks));
+        }
+    }
+
+    let link = link.clone();
+    let drain_timeout = options.drain_timeout;
+    let shutdown = shutdown.clone();
+    tokio::spawn(async move {
+        let (mut drained, mut left, mut timed_out) = (0u64, Some(0u64), false);
+        for (flow, consumer, marks) in drains {
+            let report = drain(consumer, marks, drain_timeout, &shutdown).await;
+            tracing::info!(link = %link.id(), %flow, drained = report.drained, left = ?report.left_behind, timed_out = report.timed_out, "old cluster drained");
+            drained += report.drained;
+            left = left.zip(report.left_behind).map(|(a, b)| a + b);
+            timed_out |= report.timed_out;
+        }
+        // Everything was produced through the old producer before the swap.
+        let old_producer = old.producer.clone();
+        let _ =
+            tokio::task::spawn_blocking(move || old_producer.flush(Duration::from_secs(10))).await;
+        link.record_switch(SwitchRecord {
+            at_ms: at
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.as_millis() as u64)
+                .unwrap_or(0),
+            from: old.info.redacted(),
+            to: info.redacted(),
+            duration_ms: started.elapsed().as_millis() as u64,
+            drained,
+            left_behind: left,
+            drain_timed_out: timed_out,
+        });
+        link.update_status(|s| s.switching = false);
+        tracing::info!(link = %link.id(), took = ?started.elapsed(), "link switch complete");
+    });
+    Ok(())
+}
+
+/// Asks the cluster for its metadata.
+async fn probe(info: &LinkInfo, timeout: Duration) -> anyhow::Result<()> {
+    let consumer: BaseConsumer = info.admin_config().create().context("creating a client")?;
+    tokio::task::spawn_blocking(move || consumer.fetch_metadata(None, timeout).map(|_| ()))
+        .await
+        .context("probe task")?
+        .context("metadata request")
+}
+
+/// Per partition: (high watermark at the switch, the group's position then).
+type Marks = Option<HashMap<i32, (i64, i64)>>;
+
+/// The old cluster's high watermarks and the group's committed positions;
+/// `None` if it does not answer.
+async fn old_cluster_marks(info: &LinkInfo, topic: &str, group: &str, timeout: Duration) -> Marks {
+    let mut config = info.admin_config();
+    config
+        .set("group.id", group)
+        .set("enable.auto.commit", "false");
+    let consumer: BaseConsumer = config.create().ok()?;
+    let topic = topic.to_string();
+    tokio::task::spawn_blocking(move || {
+        let metadata = consumer.fetch_metadata(Some(&topic), timeout).ok()?;
+        let partitions: Vec<i32> = metadata
+            .topics()
+            .iter()
+            .find(|t| t.name() == topic)?
+            .partitions()
+            .iter()
+            .map(|p| p.id())
+            .collect();
+        let mut tpl = TopicPartitionList::new();
+        for p in &partitions {
+            tpl.add_partition(&topic, *p);
+        }
+        let committed = consumer.committed_offsets(tpl, timeout).ok()?;
+        let mut marks = HashMap::new();
+        for p in partitions {
+            let (_, high) = consumer.fetch_watermarks(&topic, p, timeout).ok()?;
+            let position = match committed.find_partition(&topic, p).map(|e| e.offset()) {
+                Some(Offset::Offset(o)) => o,
+                _ => 0,
+            };
+            marks.insert(p, (high, position));
+        }
+        Some(marks)
+    })
+    .await
+    .ok()
+    .flatten()
+}
+
+struct DrainReport {
+    drained: u64,
+    left_behind: Option<u64>,
+    timed_out: bool,
+}
+
+/// Lets the old consumer run until it has read up to the marks (or the
+/// timeout), then stops it (in-flight work finishes, offsets are committed).
+async fn drain(
+    old: RunningConsumer,
+    marks: Marks,
+    timeout: Duration,
+    shutdown: &CancellationToken,
+) -> DrainReport {
+    let started = Instant::now();
+    let consumed_before = old.consumer.consumed() as u64;
+    let mut timed_out = false;
+    if let Some(marks) = &marks {
+        loop {
+            let positions = old.consumer.positions();
+            let behind: i64 = marks
+                .iter()
+                .map(|(p, (high, committed))| {
+                    let at = positions
+                        .get(p)
+                        .copied()
+                        .unwrap_or(*committed)
+                        .max(*committed);
+                    (high - at).max(0)
+                })
+                .sum();
+            if behind == 0 || shutdown.is_cancelled() {
+                break;
+            }
+            if started.elapsed() > timeout {
+                timed_out = true;
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+    let positions = old.consumer.positions();
+    let drained = old.consumer.consumed() as u64 - consumed_before;
+    old.stop_and_join().await;
+    let left_behind = marks.map(|marks| {
+        marks
+            .iter()
+            .map(|(p, (high, committed))| {
+                let at = positions
+                    .get(p)
+                    .copied()
+                    .unwrap_or(*committed)
+                    .max(*committed);
+                (high - at).max(0) as u64
+            })
+            .sum()
+    });
+    DrainReport {
+        drained,
+        left_behind,
+        timed_out,
+    }
+}

@@ -1,0 +1,305 @@
+//! Live Kafka link switching from a `dir` config center (a ConfigMap-style
+//! directory): two real brokers, the real binary, a real application.
+
+#![allow(clippy::unwrap_used)]
+
+mod support;
+
+use std::collections::HashSet;
+use std::os::unix::fs::symlink;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+use support::app::TestApp;
+use support::relay::{RelayProcess, free_port, http_get};
+use support::tansu::{Tansu, TestRecord};
+
+const INPUT: &str = "service-calls";
+
+/// A ConfigMap volume update: the values go into a new `..<generation>`
+/// directory and `..data` is swapped to it atomically.
+fn configmap_update(dir: &Path, generation: u32, values: &[(&str, String)]) {
+    let name = format!("..gen_{generation:04}");
+    std::fs::create_dir(dir.join(&name)).unwrap();
+    for (key, value) in values {
+        std::fs::write(dir.join(&name).join(key), value).unwrap();
+    }
+    let tmp = dir.join("..data_tmp");
+    symlink(&name, &tmp).unwrap();
+    std::fs::rename(&tmp, dir.join("..data")).unwrap();
+    for (key, _) in values {
+        if std::fs::symlink_metadata(dir.join(key)).is_err() {
+            symlink(format!("..data/{key}"), dir.join(key)).unwrap();
+        }
+    }
+}
+
+fn kafka_value(kafka: &Tansu) -> String {
+    json!({"bootstrap.servers": kafka.bootstrap(), "batch.num.messages": "1"}).to_string()
+}
+
+fn relay_config(center: &Path, app_url: &str, admin_port: u16) -> String {
+    let plugins = support::plugins_dist().display();
+    format!(
+        r#"
+[admin]
+listen = "127.0.0.1:{admin_port}"
+[plugins]
+dir = "{plugins}"
+[center]
+kind = "dir"
+dir = "{}"
+drain_timeout = "20s"
+[links.main]
+from_center = true
+[links.main.options]
+"fetch.wait.max.ms" = "10"
+"session.timeout.ms" = "6000"
+"heartbeat.interval.ms" = "500"
+[[flows]]
+name = "orders"
+link = "main"
+input_topic = "{INPUT}"
+service_call = ["json-enrich"]
+output_topic = "data-returns"
+dead_letter_topic = "service-calls.dlq"
+retry = {{ initial_backoff = "10ms", max_backoff = "100ms", budget = "20s" }}
+[flows.deliver.app]
+url = "{app_url}"
+"#,
+        center.display()
+    )
+}
+
+fn numbered(range: std::ops::Range<u64>) -> Vec<TestRecord> {
+    range
+        .map(|n| TestRecord::keyed(format!("k{}", n % 13), json!({"n": n}).to_string()))
+        .collect()
+}
+
+fn links(relay: &RelayProcess) -> Value {
+    let (status, body) = http_get(&format!("{}/links", relay.admin)).unwrap();
+    assert_eq!(status, 200);
+    serde_json::from_str(&body).unwrap()
+}
+
+fn received(app: &TestApp) -> HashSet<u64> {
+    app.receipts()
+        .iter()
+        .map(|r| {
+            serde_json::from_slice::<Value>(&r.body).unwrap()["n"]
+                .as_u64()
+                .unwrap()
+        })
+        .collect()
+}
+
+async fn wait_until(
+    what: &str,
+    timeout: Duration,
+    relay: &RelayProcess,
+    mut done: impl FnMut() -> bool,
+) {
+    let started = Instant::now();
+    while !done() {
+        assert!(
+            started.elapsed() < timeout,
+            "timed out waiting for {what}; relay log:\n{}",
+            relay.log()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn configmap_swap_moves_the_link_to_the_new_cluster_and_loses_nothing() {
+    let (kafka1, kafka2) = (Tansu::start(), Tansu::start());
+    kafka1.create_topic(INPUT, 3).await;
+    kafka2.create_topic(INPUT, 3).await;
+    let center = tempfile::tempdir().unwrap();
+    configmap_update(center.path(), 1, &[("kafka.main", kafka_value(&kafka1))]);
+    let app = TestApp::start(|receipt| {
+        (
+            200,
+            format!("ok {}", receipt.delivery_id).into_bytes(),
+            vec![],
+        )
+    })
+    .await;
+    let admin_port = free_port();
+    let relay = RelayProcess::start(
+        &relay_config(center.path(), &app.url, admin_port),
+        admin_port,
+        &[],
+    );
+    assert_eq!(
+        links(&relay)["links"][0]["current"]["bootstrap_servers"],
+        kafka1.bootstrap()
+    );
+
+    kafka1.produce(INPUT, numbered(0..300)).await;
+    wait_until(
+        "traffic on cluster 1",
+        Duration::from_secs(60),
+        &relay,
+        || app.count() >= 100,
+    )
+    .await;
+    // A backlog left on cluster 1 just before the switch.
+    kafka1.produce(INPUT, numbered(300..500)).await;
+    configmap_update(center.path(), 2, &[("kafka.main", kafka_value(&kafka2))]);
+    wait_until("the switch", Duration::from_secs(30), &relay, || {
+        links(&relay)["links"][0]["current"]["bootstrap_servers"] == kafka2.bootstrap()
+    })
+    .await;
+    kafka2.produce(INPUT, numbered(500..800)).await;
+
+    wait_until(
+        "every message of both clusters",
+        Duration::from_secs(120),
+        &relay,
+        || received(&app).len() == 800,
+    )
+    .await;
+    wait_until("the switch record", Duration::from_secs(30), &relay, || {
+        links(&relay)["links"][0]["switches"]
+            .as_array()
+            .is_some_and(|s| !s.is_empty())
+    })
+    .await;
+    let link = &links(&relay)["links"][0];
+    let switch = &link["switches"][0];
+    assert_eq!(switch["from"]["bootstrap_servers"], kafka1.bootstrap());
+    assert_eq!(switch["to"]["bootstrap_servers"], kafka2.bootstrap());
+    assert_eq!(switch["left_behind"], 0, "{link}");
+    assert_eq!(switch["drain_timed_out"], false);
+    assert!(switch["duration_ms"].as_u64().is_some());
+    assert_eq!(link["source"], "center");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_values_and_a_deleted_key_leave_the_old_link_serving() {
+    let kafka = Tansu::start();
+    kafka.create_topic(INPUT, 1).await;
+    let center = tempfile::tempdir().unwrap();
+    let key = center.path().join("kafka.main");
+    std::fs::write(&key, kafka_value(&kafka)).unwrap();
+    let app = TestApp::start(|_| (200, Vec::new(), vec![])).await;
+    let admin_port = free_port();
+    let relay = RelayProcess::start(
+        &relay_config(center.path(), &app.url, admin_port),
+        admin_port,
+        &[],
+    );
+    let dead_port = free_port();
+    let bad_values = [
+        ("kafka:9092".to_string(), "not JSON"),
+        (
+            r#"{"security.protocol": "plaintext"}"#.to_string(),
+            "bootstrap.servers",
+        ),
+        (
+            json!({"bootstrap.servers": format!("127.0.0.1:{dead_port}")}).to_string(),
+            "does not answer",
+        ),
+    ];
+    let mut sent = 0;
+    for (value, expected) in bad_values {
+        let tmp = center.path().join(".tmp");
+        std::fs::write(&tmp, &value).unwrap();
+        std::fs::rename(&tmp, &key).unwrap();
+        wait_until(expected, Duration::from_secs(30), &relay, || {
+            links(&relay)["links"][0]["status"]["last_error"]
+                .as_str()
+                .is_some_and(|e| e.contains(expected))
+        })
+        .await;
+        assert_eq!(
+            links(&relay)["links"][0]["current"]["bootstrap_servers"],
+            kafka.bootstrap()
+        );
+        // Still serving on the old link.
+        kafka.produce(INPUT, numbered(sent..sent + 10)).await;
+        sent += 10;
+        wait_until(
+            "traffic on the old link",
+            Duration::from_secs(30),
+            &relay,
+            || received(&app).len() as u64 == sent,
+        )
+        .await;
+    }
+    assert!(relay.log().contains("keeping the current link"));
+
+    std::fs::remove_file(&key).unwrap();
+    wait_until(
+        "the deleted key reported",
+        Duration::from_secs(30),
+        &relay,
+        || {
+            links(&relay)["links"][0]["status"]["last_error"]
+                .as_str()
+                .is_some_and(|e| e.contains("deleted"))
+        },
+    )
+    .await;
+    kafka.produce(INPUT, numbered(sent..sent + 10)).await;
+    wait_until(
+        "traffic after the deletion",
+        Duration::from_secs(30),
+        &relay,
+        || received(&app).len() as u64 == sent + 10,
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn quick_flips_end_on_the_last_value_in_a_consistent_state() {
+    let (kafka1, kafka2) = (Tansu::start(), Tansu::start());
+    kafka1.create_topic(INPUT, 2).await;
+    kafka2.create_topic(INPUT, 2).await;
+    let center = tempfile::tempdir().unwrap();
+    configmap_update(center.path(), 1, &[("kafka.main", kafka_value(&kafka1))]);
+    let app = TestApp::start(|_| (200, Vec::new(), vec![])).await;
+    let admin_port = free_port();
+    let relay = RelayProcess::start(
+        &relay_config(center.path(), &app.url, admin_port),
+        admin_port,
+        &[],
+    );
+    kafka1.produce(INPUT, numbered(0..100)).await;
+    wait_until(
+        "traffic on cluster 1",
+        Duration::from_secs(60),
+        &relay,
+        || received(&app).len() == 100,
+    )
+    .await;
+
+    // 1 -> 2 -> 1 within 100 ms.
+    configmap_update(center.path(), 2, &[("kafka.main", kafka_value(&kafka2))]);
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    configmap_update(center.path(), 3, &[("kafka.main", kafka_value(&kafka1))]);
+
+    wait_until(
+        "settled on cluster 1",
+        Duration::from_secs(60),
+        &relay,
+        || {
+            let link = &links(&relay)["links"][0];
+            link["current"]["bootstrap_servers"] == kafka1.bootstrap()
+                && link["status"]["switching"] == false
+        },
+    )
+    .await;
+    // Consistent: traffic produced now to the last value's cluster arrives.
+    kafka1.produce(INPUT, numbered(100..200)).await;
+    wait_until(
+        "traffic after the flips",
+        Duration::from_secs(60),
+        &relay,
+        || received(&app).len() == 200,
+    )
+    .await;
+}
