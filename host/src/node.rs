@@ -174,6 +174,7 @@ pub async fn run_with_metrics(
                 drain_timeout: center_config.drain_timeout,
                 owned_topics: owned_topics(&config, id),
                 base_options: config.links[id].options.clone(),
+                metrics: metrics.clone(),
             };
             tokio::spawn(follow_center(
                 link.clone(),

@@ -176,6 +176,11 @@ async fn configmap_swap_moves_the_link_to_the_new_cluster_and_loses_nothing() {
     assert_eq!(switch["drain_timed_out"], false);
     assert!(switch["duration_ms"].as_u64().is_some());
     assert_eq!(link["source"], "center");
+    assert_eq!(
+        relay.metric(r#"wasmrelay_link_switches_total{link="main"}"#),
+        1
+    );
+    assert_eq!(relay.metric("wasmrelay_center_reachable"), 1);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -231,6 +236,10 @@ async fn bad_values_and_a_deleted_key_leave_the_old_link_serving() {
         .await;
     }
     assert!(relay.log().contains("keeping the current link"));
+    assert_eq!(
+        relay.metric(r#"wasmrelay_link_switches_refused_total{link="main"}"#),
+        3
+    );
 
     std::fs::remove_file(&key).unwrap();
     wait_until(

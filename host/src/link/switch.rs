@@ -22,6 +22,7 @@ use super::{KafkaLink, LinkGeneration, SwitchRecord};
 use crate::center::{CenterState, Reachability};
 use crate::kafka::admin::{TopicSpec, ensure_topics};
 use crate::kafka::{LinkInfo, RelayProducer};
+use crate::telemetry::metrics::RelayMetrics;
 
 /// How a link follows the center.
 #[derive(Clone, Debug)]
@@ -34,6 +35,8 @@ pub struct SwitchOptions {
     pub owned_topics: Vec<TopicSpec>,
     /// Options from the config file, under the center's value.
     pub base_options: std::collections::BTreeMap<String, String>,
+    /// Where switches and refusals are counted.
+    pub metrics: Arc<RelayMetrics>,
 }
 
 /// Follows `center` for `link` until `shutdown`.
@@ -45,6 +48,8 @@ pub async fn follow_center(
     shutdown: CancellationToken,
 ) {
     let key = format!("{}{}", crate::center::KAFKA_KEY_PREFIX, link.id());
+    // Reported once per deletion, not on every later change of other keys.
+    let mut key_missing = false;
     loop {
         tokio::select! {
             _ = shutdown.cancelled() => return,
@@ -53,16 +58,23 @@ pub async fn follow_center(
         let state = center.borrow_and_update().clone();
         let reachable = state.reachability == Reachability::Reachable;
         link.update_status(|s| s.center_reachable = Some(reachable));
+        options.metrics.set_center_reachable(reachable);
         if !reachable {
             continue;
         }
         let Some(value) = state.kafka_link(link.id()) else {
+            if key_missing {
+                continue;
+            }
+            key_missing = true;
+            options.metrics.link_switch(link.id(), true);
             tracing::warn!(link = %link.id(), %key, "the key was deleted from the config center; keeping the current link");
             link.update_status(|s| {
                 s.last_error = Some(format!("key `{key}` was deleted; keeping the current link"))
             });
             continue;
         };
+        key_missing = false;
         let info = match LinkInfo::from_center_value(value) {
             Ok(mut info) => {
                 for (k, v) in &options.base_options {
@@ -75,15 +87,20 @@ pub async fn follow_center(
                 link.update_status(|s| {
                     s.last_error = Some(format!("bad value at `{key}`: {problem}"))
                 });
+                options.metrics.link_switch(link.id(), true);
                 continue;
             }
         };
         if info == link.current().info {
             continue;
         }
-        if let Err(error) = switch(&link, &runners, info, &options, &shutdown).await {
-            tracing::error!(link = %link.id(), error = %format!("{error:#}"), "link switch refused; keeping the current link");
-            link.update_status(|s| s.last_error = Some(format!("{error:#}")));
+        match switch(&link, &runners, info, &options, &shutdown).await {
+            Ok(()) => options.metrics.link_switch(link.id(), false),
+            Err(error) => {
+                tracing::error!(link = %link.id(), error = %format!("{error:#}"), "link switch refused; keeping the current link");
+                link.update_status(|s| s.last_error = Some(format!("{error:#}")));
+                options.metrics.link_switch(link.id(), true);
+            }
         }
     }
 }

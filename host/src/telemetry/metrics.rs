@@ -11,8 +11,14 @@ use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::encoding::text::encode;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct LinkLabels {
+    link: String,
+}
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct FlowLabels {
@@ -38,6 +44,9 @@ pub struct RelayMetrics {
     dead_lettered: Family<FlowLabels, Counter>,
     retried: Family<FlowLabels, Counter>,
     plugin_call_seconds: Family<PluginLabels, Histogram, fn() -> Histogram>,
+    link_switches: Family<LinkLabels, Counter>,
+    link_switches_refused: Family<LinkLabels, Counter>,
+    center_reachable: Gauge,
 }
 
 impl std::fmt::Debug for RelayMetrics {
@@ -110,8 +119,29 @@ impl RelayMetrics {
             "Duration of plugin calls (one message or one batch), per plugin",
             plugin_call_seconds.clone(),
         );
+        let link_switches = Family::<LinkLabels, Counter>::default();
+        let link_switches_refused = Family::<LinkLabels, Counter>::default();
+        let center_reachable = Gauge::default();
+        registry.register(
+            "link_switches",
+            "Kafka link switches started after a config-center change, per link",
+            link_switches.clone(),
+        );
+        registry.register(
+            "link_switches_refused",
+            "Config-center values refused (bad value, cluster not answering, key deleted), per link",
+            link_switches_refused.clone(),
+        );
+        registry.register(
+            "center_reachable",
+            "1 while the config center can be read, 0 while the last good values are used",
+            center_reachable.clone(),
+        );
         RelayMetrics {
             registry: Mutex::new(registry),
+            link_switches,
+            link_switches_refused,
+            center_reachable,
             consumed,
             delivered,
             returned,
@@ -143,6 +173,24 @@ impl RelayMetrics {
                 plugin: plugin.to_string(),
             })
             .observe(took.as_secs_f64());
+    }
+
+    /// Counts a link switch (or a refused center value) of link `link`.
+    pub fn link_switch(&self, link: &str, refused: bool) {
+        let labels = LinkLabels {
+            link: link.to_string(),
+        };
+        let family = if refused {
+            &self.link_switches_refused
+        } else {
+            &self.link_switches
+        };
+        family.get_or_create(&labels).inc();
+    }
+
+    /// Whether the config center can be read.
+    pub fn set_center_reachable(&self, reachable: bool) {
+        self.center_reachable.set(i64::from(reachable));
     }
 
     /// All metrics in the Prometheus text format.
