@@ -8,15 +8,9 @@ use super::DemoArgs;
 use crate::demo::DemoOptions;
 
 pub(super) fn run(args: DemoArgs) -> ExitCode {
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-    {
+    let runtime = match super::async_runtime() {
         Ok(runtime) => runtime,
-        Err(error) => {
-            eprintln!("error: starting the async runtime: {error}");
-            return ExitCode::FAILURE;
-        }
+        Err(exit) => return exit,
     };
     let options = DemoOptions {
         messages: args.messages,

@@ -138,6 +138,17 @@ fn parse_config_entry(s: &str) -> Result<(String, String), String> {
     }
 }
 
+/// The multi-threaded tokio runtime `run` and `demo` work on.
+fn async_runtime() -> Result<tokio::runtime::Runtime, ExitCode> {
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .map_err(|error| {
+            eprintln!("error: starting the async runtime: {error}");
+            ExitCode::FAILURE
+        })
+}
+
 /// Runs the parsed command line and says how the process should exit.
 pub fn run(cli: Cli) -> ExitCode {
     match cli.command {

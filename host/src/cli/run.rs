@@ -22,15 +22,9 @@ pub(super) fn run(args: RunArgs) -> ExitCode {
             return ExitCode::from(EXIT_BAD_CONFIG);
         }
     };
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-    {
+    let runtime = match super::async_runtime() {
         Ok(runtime) => runtime,
-        Err(error) => {
-            eprintln!("error: starting the async runtime: {error}");
-            return ExitCode::from(EXIT_FAILED);
-        }
+        Err(exit) => return exit,
     };
     runtime.block_on(async move {
         let shutdown = CancellationToken::new();

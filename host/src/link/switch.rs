@@ -243,6 +243,23 @@ async fn old_cluster_marks(info: &LinkInfo, topic: &str, group: &str, timeout: D
     .flatten()
 }
 
+/// Records below the marks' high watermarks that the consumer has not read:
+/// per partition, the high watermark minus the furthest of its position and
+/// the group's committed offset at the switch.
+fn records_behind(marks: &HashMap<i32, (i64, i64)>, positions: &HashMap<i32, i64>) -> u64 {
+    marks
+        .iter()
+        .map(|(partition, (high, committed))| {
+            let at = positions
+                .get(partition)
+                .copied()
+                .unwrap_or(*committed)
+                .max(*committed);
+            (high - at).max(0) as u64
+        })
+        .sum()
+}
+
 struct DrainReport {
     drained: u64,
     left_behind: Option<u64>,
@@ -262,19 +279,7 @@ async fn drain(
     let mut timed_out = false;
     if let Some(marks) = &marks {
         loop {
-            let positions = old.consumer.positions();
-            let behind: i64 = marks
-                .iter()
-                .map(|(p, (high, committed))| {
-                    let at = positions
-                        .get(p)
-                        .copied()
-                        .unwrap_or(*committed)
-                        .max(*committed);
-                    (high - at).max(0)
-                })
-                .sum();
-            if behind == 0 || shutdown.is_cancelled() {
+            if records_behind(marks, &old.consumer.positions()) == 0 || shutdown.is_cancelled() {
                 break;
             }
             if started.elapsed() > timeout {
@@ -287,19 +292,7 @@ async fn drain(
     let positions = old.consumer.positions();
     let drained = old.consumer.consumed() as u64 - consumed_before;
     old.stop_and_join().await;
-    let left_behind = marks.map(|marks| {
-        marks
-            .iter()
-            .map(|(p, (high, committed))| {
-                let at = positions
-                    .get(p)
-                    .copied()
-                    .unwrap_or(*committed)
-                    .max(*committed);
-                (high - at).max(0) as u64
-            })
-            .sum()
-    });
+    let left_behind = marks.map(|marks| records_behind(&marks, &positions));
     DrainReport {
         drained,
         left_behind,
