@@ -20,4 +20,4 @@ if [[ " ${args[*]-} " != *" --messages "* ]]; then
   args+=(--messages 2000)
 fi
 say "wasmrelay demo ${args[*]}"
-RUST_LOG="${RUST_LOG:-warn}" target/debug/wasmrelay demo --plugins plugins/dist "${args[@]}"
+RUST_LOG="${RUST_LOG:-error}" target/debug/wasmrelay demo --plugins plugins/dist "${args[@]}"

@@ -50,6 +50,9 @@ pub struct DemoOptions {
 
 /// Runs the demo until `--messages` are through or `shutdown` is cancelled.
 pub async fn run(options: DemoOptions, shutdown: CancellationToken) -> anyhow::Result<()> {
+    // The relay gets a directory of its own with just the plugins the demo
+    // uses (the example directory also holds the test-only fault plugins).
+    let demo_plugins = tempfile::tempdir().context("creating the demo's plugin directory")?;
     for plugin in ["json-enrich", "mask-fields"] {
         let path = options.plugins_dir.join(format!("{plugin}.wasm"));
         anyhow::ensure!(
@@ -58,6 +61,8 @@ pub async fn run(options: DemoOptions, shutdown: CancellationToken) -> anyhow::R
              or point --plugins at their directory)",
             path.display()
         );
+        std::fs::copy(&path, demo_plugins.path().join(format!("{plugin}.wasm")))
+            .with_context(|| format!("copying {}", path.display()))?;
     }
     let cluster = MockCluster::new(1).context("starting the embedded development broker")?;
     for topic in [INPUT, OUTPUT, DEAD_LETTERS] {
@@ -76,7 +81,7 @@ pub async fn run(options: DemoOptions, shutdown: CancellationToken) -> anyhow::R
     let metrics = Arc::new(RelayMetrics::new());
     let relay_stop = CancellationToken::new();
     let relay = tokio::spawn(crate::node::run_with_metrics(
-        demo_config(&bootstrap, &app.url, &options.plugins_dir),
+        demo_config(&bootstrap, &app.url, demo_plugins.path()),
         metrics.clone(),
         relay_stop.clone(),
     ));
@@ -85,7 +90,8 @@ pub async fn run(options: DemoOptions, shutdown: CancellationToken) -> anyhow::R
         .set("bootstrap.servers", &bootstrap)
         .create()
         .context("creating the demo producer")?;
-    let returns = watch_data_returns(&bootstrap)?;
+    let viewer_stop = CancellationToken::new();
+    let returns = watch_data_returns(&bootstrap, viewer_stop.clone())?;
     let produce_stop = CancellationToken::new();
     let produced = Arc::new(AtomicU64::new(0));
     let producing = tokio::spawn(produce_orders(
@@ -149,6 +155,8 @@ pub async fn run(options: DemoOptions, shutdown: CancellationToken) -> anyhow::R
     let _ = producing.await;
     relay_stop.cancel();
     relay.await.context("the relay task")??;
+    viewer_stop.cancel();
+    returns.closed().await;
     say(&format!(
         "done: {} delivered to the app, {} data-returns, {} dead letters (orders with quantity 0 are rejected by the app)",
         flow.delivered.get(),
@@ -255,7 +263,10 @@ async fn produce_orders(
 }
 
 /// Reads the data-returns topic and hands their values to the summary.
-fn watch_data_returns(bootstrap: &str) -> anyhow::Result<Arc<ReturnsFeed>> {
+fn watch_data_returns(
+    bootstrap: &str,
+    stop: CancellationToken,
+) -> anyhow::Result<Arc<ReturnsFeed>> {
     let consumer: StreamConsumer = rdkafka::ClientConfig::new()
         .set("bootstrap.servers", bootstrap)
         .set("group.id", "wasmrelay-demo-viewer")
@@ -273,16 +284,19 @@ fn watch_data_returns(bootstrap: &str) -> anyhow::Result<Arc<ReturnsFeed>> {
         .assign(&partitions)
         .context("assigning data-returns")?;
     let (tx, rx) = tokio::sync::mpsc::channel(64);
-    tokio::spawn(async move {
+    let task = tokio::spawn(async move {
         loop {
-            match consumer.recv().await {
+            let received = tokio::select! {
+                _ = stop.cancelled() => return,
+                received = consumer.recv() => received,
+            };
+            match received {
                 Ok(message) => {
                     let value = message
                         .payload()
                         .map(|v| String::from_utf8_lossy(v).to_string());
-                    if tx.send(value).await.is_err() {
-                        return;
-                    }
+                    // The summary may have stopped listening; keep reading until stopped.
+                    let _ = tx.try_send(value);
                 }
                 Err(error) => tracing::debug!(%error, "demo data-return reader"),
             }
@@ -290,14 +304,24 @@ fn watch_data_returns(bootstrap: &str) -> anyhow::Result<Arc<ReturnsFeed>> {
     });
     Ok(Arc::new(ReturnsFeed {
         rx: tokio::sync::Mutex::new(rx),
+        task: std::sync::Mutex::new(Some(task)),
     }))
 }
 
 struct ReturnsFeed {
     rx: tokio::sync::Mutex<tokio::sync::mpsc::Receiver<Option<String>>>,
+    task: std::sync::Mutex<Option<tokio::task::JoinHandle<()>>>,
 }
 
 impl ReturnsFeed {
+    /// Waits until the reader has stopped (and closed its consumer).
+    async fn closed(&self) {
+        let task = self.task.lock().ok().and_then(|mut t| t.take());
+        if let Some(task) = task {
+            let _ = task.await;
+        }
+    }
+
     async fn recv(&self) -> Result<Option<String>, ()> {
         self.rx.lock().await.recv().await.ok_or(())
     }

@@ -219,6 +219,9 @@ impl PartitionedConsumer {
             .name(format!("consumer-{topic}"))
             .spawn(move || {
                 let report = thread_shared.run(&consumer, &shutdown);
+                // Close (leave the group) before reporting done, so that a
+                // joined consumer is really gone.
+                drop(consumer);
                 let _ = done_tx.send(report);
             })
             .context("starting the consumer thread")?;
