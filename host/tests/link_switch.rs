@@ -8,7 +8,7 @@ mod support;
 use std::collections::HashSet;
 use std::os::unix::fs::symlink;
 use std::path::Path;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use serde_json::{Value, json};
 use support::app::TestApp;
@@ -95,23 +95,6 @@ fn received(app: &TestApp) -> HashSet<u64> {
         .collect()
 }
 
-async fn wait_until(
-    what: &str,
-    timeout: Duration,
-    relay: &RelayProcess,
-    mut done: impl FnMut() -> bool,
-) {
-    let started = Instant::now();
-    while !done() {
-        assert!(
-            started.elapsed() < timeout,
-            "timed out waiting for {what}; relay log:\n{}",
-            relay.log()
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn configmap_swap_moves_the_link_to_the_new_cluster_and_loses_nothing() {
     let (kafka1, kafka2) = (Tansu::start(), Tansu::start());
@@ -139,35 +122,35 @@ async fn configmap_swap_moves_the_link_to_the_new_cluster_and_loses_nothing() {
     );
 
     kafka1.produce(INPUT, numbered(0..300)).await;
-    wait_until(
-        "traffic on cluster 1",
-        Duration::from_secs(60),
-        &relay,
-        || app.count() >= 100,
-    )
-    .await;
+    relay
+        .wait_for("traffic on cluster 1", Duration::from_secs(60), || {
+            app.count() >= 100
+        })
+        .await;
     // A backlog left on cluster 1 just before the switch.
     kafka1.produce(INPUT, numbered(300..500)).await;
     configmap_update(center.path(), 2, &[("kafka.main", kafka_value(&kafka2))]);
-    wait_until("the switch", Duration::from_secs(30), &relay, || {
-        links(&relay)["links"][0]["current"]["bootstrap_servers"] == kafka2.bootstrap()
-    })
-    .await;
+    relay
+        .wait_for("the switch", Duration::from_secs(30), || {
+            links(&relay)["links"][0]["current"]["bootstrap_servers"] == kafka2.bootstrap()
+        })
+        .await;
     kafka2.produce(INPUT, numbered(500..800)).await;
 
-    wait_until(
-        "every message of both clusters",
-        Duration::from_secs(120),
-        &relay,
-        || received(&app).len() == 800,
-    )
-    .await;
-    wait_until("the switch record", Duration::from_secs(30), &relay, || {
-        links(&relay)["links"][0]["switches"]
-            .as_array()
-            .is_some_and(|s| !s.is_empty())
-    })
-    .await;
+    relay
+        .wait_for(
+            "every message of both clusters",
+            Duration::from_secs(120),
+            || received(&app).len() == 800,
+        )
+        .await;
+    relay
+        .wait_for("the switch record", Duration::from_secs(30), || {
+            links(&relay)["links"][0]["switches"]
+                .as_array()
+                .is_some_and(|s| !s.is_empty())
+        })
+        .await;
     let link = &links(&relay)["links"][0];
     let switch = &link["switches"][0];
     assert_eq!(switch["from"]["bootstrap_servers"], kafka1.bootstrap());
@@ -214,12 +197,13 @@ async fn bad_values_and_a_deleted_key_leave_the_old_link_serving() {
         let tmp = center.path().join(".tmp");
         std::fs::write(&tmp, &value).unwrap();
         std::fs::rename(&tmp, &key).unwrap();
-        wait_until(expected, Duration::from_secs(30), &relay, || {
-            links(&relay)["links"][0]["status"]["last_error"]
-                .as_str()
-                .is_some_and(|e| e.contains(expected))
-        })
-        .await;
+        relay
+            .wait_for(expected, Duration::from_secs(30), || {
+                links(&relay)["links"][0]["status"]["last_error"]
+                    .as_str()
+                    .is_some_and(|e| e.contains(expected))
+            })
+            .await;
         assert_eq!(
             links(&relay)["links"][0]["current"]["bootstrap_servers"],
             kafka.bootstrap()
@@ -227,13 +211,11 @@ async fn bad_values_and_a_deleted_key_leave_the_old_link_serving() {
         // Still serving on the old link.
         kafka.produce(INPUT, numbered(sent..sent + 10)).await;
         sent += 10;
-        wait_until(
-            "traffic on the old link",
-            Duration::from_secs(30),
-            &relay,
-            || received(&app).len() as u64 == sent,
-        )
-        .await;
+        relay
+            .wait_for("traffic on the old link", Duration::from_secs(30), || {
+                received(&app).len() as u64 == sent
+            })
+            .await;
     }
     assert!(relay.log().contains("keeping the current link"));
     assert_eq!(
@@ -242,25 +224,21 @@ async fn bad_values_and_a_deleted_key_leave_the_old_link_serving() {
     );
 
     std::fs::remove_file(&key).unwrap();
-    wait_until(
-        "the deleted key reported",
-        Duration::from_secs(30),
-        &relay,
-        || {
+    relay
+        .wait_for("the deleted key reported", Duration::from_secs(30), || {
             links(&relay)["links"][0]["status"]["last_error"]
                 .as_str()
                 .is_some_and(|e| e.contains("deleted"))
-        },
-    )
-    .await;
+        })
+        .await;
     kafka.produce(INPUT, numbered(sent..sent + 10)).await;
-    wait_until(
-        "traffic after the deletion",
-        Duration::from_secs(30),
-        &relay,
-        || received(&app).len() as u64 == sent + 10,
-    )
-    .await;
+    relay
+        .wait_for(
+            "traffic after the deletion",
+            Duration::from_secs(30),
+            || received(&app).len() as u64 == sent + 10,
+        )
+        .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -278,37 +256,29 @@ async fn quick_flips_end_on_the_last_value_in_a_consistent_state() {
         &[],
     );
     kafka1.produce(INPUT, numbered(0..100)).await;
-    wait_until(
-        "traffic on cluster 1",
-        Duration::from_secs(60),
-        &relay,
-        || received(&app).len() == 100,
-    )
-    .await;
+    relay
+        .wait_for("traffic on cluster 1", Duration::from_secs(60), || {
+            received(&app).len() == 100
+        })
+        .await;
 
     // 1 -> 2 -> 1 within 100 ms.
     configmap_update(center.path(), 2, &[("kafka.main", kafka_value(&kafka2))]);
     tokio::time::sleep(Duration::from_millis(50)).await;
     configmap_update(center.path(), 3, &[("kafka.main", kafka_value(&kafka1))]);
 
-    wait_until(
-        "settled on cluster 1",
-        Duration::from_secs(60),
-        &relay,
-        || {
+    relay
+        .wait_for("settled on cluster 1", Duration::from_secs(60), || {
             let link = &links(&relay)["links"][0];
             link["current"]["bootstrap_servers"] == kafka1.bootstrap()
                 && link["status"]["switching"] == false
-        },
-    )
-    .await;
+        })
+        .await;
     // Consistent: traffic produced now to the last value's cluster arrives.
     kafka1.produce(INPUT, numbered(100..200)).await;
-    wait_until(
-        "traffic after the flips",
-        Duration::from_secs(60),
-        &relay,
-        || received(&app).len() == 200,
-    )
-    .await;
+    relay
+        .wait_for("traffic after the flips", Duration::from_secs(60), || {
+            received(&app).len() == 200
+        })
+        .await;
 }

@@ -105,23 +105,6 @@ fn inputs(count: usize) -> Vec<TestRecord> {
         .collect()
 }
 
-async fn wait_for(
-    what: &str,
-    timeout: Duration,
-    relay: &RelayProcess,
-    mut done: impl FnMut() -> bool,
-) {
-    let started = Instant::now();
-    while !done() {
-        assert!(
-            started.elapsed() < timeout,
-            "timed out after {timeout:?} waiting for {what}; relay log:\n{}",
-            relay.log()
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}
-
 /// The full sha256 of a built example plugin: the version a dead letter names.
 fn plugin_sha(name: &str) -> String {
     use sha2::Digest as _;
@@ -444,13 +427,11 @@ async fn sigkill_mid_stream_loses_nothing_and_never_commits_past_unfinished_work
     let config = config(&kafka, &app.url, admin_port, r#""json-enrich""#, "");
     let mut relay = RelayProcess::start(&config, admin_port, &[]);
     kafka.produce(INPUT, inputs(COUNT)).await;
-    wait_for(
-        "a third of the calls",
-        Duration::from_secs(120),
-        &relay,
-        || app.count() >= COUNT / 3,
-    )
-    .await;
+    relay
+        .wait_for("a third of the calls", Duration::from_secs(120), || {
+            app.count() >= COUNT / 3
+        })
+        .await;
     relay.sigkill();
 
     // What was committed at the kill: everything below must be finished,
@@ -477,20 +458,20 @@ async fn sigkill_mid_stream_loses_nothing_and_never_commits_past_unfinished_work
     // partitions out again only once its session (6 s here) has expired.
     tokio::time::sleep(Duration::from_secs(7)).await;
     let relay = RelayProcess::start(&config, admin_port, &[]);
-    wait_for(
-        "every call delivered after the restart",
-        Duration::from_secs(180),
-        &relay,
-        || {
-            app.receipts()
-                .iter()
-                .map(|r| r.delivery_id.clone())
-                .collect::<HashSet<_>>()
-                .len()
-                >= COUNT
-        },
-    )
-    .await;
+    relay
+        .wait_for(
+            "every call delivered after the restart",
+            Duration::from_secs(180),
+            || {
+                app.receipts()
+                    .iter()
+                    .map(|r| r.delivery_id.clone())
+                    .collect::<HashSet<_>>()
+                    .len()
+                    >= COUNT
+            },
+        )
+        .await;
     let receipts = app.receipts();
     // At least once: every input delivered; a duplicate is the same message
     // under the same delivery id.
@@ -542,10 +523,11 @@ async fn sigterm_under_load_finishes_in_flight_work_and_exits_0() {
     let config = config(&kafka, &app.url, admin_port, r#""json-enrich""#, "");
     let mut relay = RelayProcess::start(&config, admin_port, &[]);
     kafka.produce(INPUT, inputs(COUNT)).await;
-    wait_for("some calls", Duration::from_secs(120), &relay, || {
-        app.count() >= 300
-    })
-    .await;
+    relay
+        .wait_for("some calls", Duration::from_secs(120), || {
+            app.count() >= 300
+        })
+        .await;
     relay.sigterm();
     let status = relay.wait(Duration::from_secs(30));
     assert_eq!(status.code(), Some(0), "relay log:\n{}", relay.log());
@@ -578,20 +560,20 @@ async fn sigterm_under_load_finishes_in_flight_work_and_exits_0() {
         "committed offsets differ from finished work"
     );
     let relay = RelayProcess::start(&config, admin_port, &[]);
-    wait_for(
-        "the rest after the restart",
-        Duration::from_secs(120),
-        &relay,
-        || {
-            app.receipts()
-                .iter()
-                .map(|r| r.delivery_id.clone())
-                .collect::<HashSet<_>>()
-                .len()
-                >= COUNT
-        },
-    )
-    .await;
+    relay
+        .wait_for(
+            "the rest after the restart",
+            Duration::from_secs(120),
+            || {
+                app.receipts()
+                    .iter()
+                    .map(|r| r.delivery_id.clone())
+                    .collect::<HashSet<_>>()
+                    .len()
+                    >= COUNT
+            },
+        )
+        .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -669,10 +651,11 @@ async fn second_signal_exits_at_once() {
         &[],
     );
     kafka.produce(INPUT, inputs(5)).await;
-    wait_for("a call in flight", Duration::from_secs(30), &relay, || {
-        app.count() >= 1
-    })
-    .await;
+    relay
+        .wait_for("a call in flight", Duration::from_secs(30), || {
+            app.count() >= 1
+        })
+        .await;
     relay.sigterm();
     tokio::time::sleep(Duration::from_millis(300)).await;
     let started = Instant::now();

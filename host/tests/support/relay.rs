@@ -153,6 +153,22 @@ impl Drop for RelayProcess {
     }
 }
 
+impl RelayProcess {
+    /// Waits until `done()` holds, checking every 50 ms; after `timeout`
+    /// the test fails with `what` and the relay's log.
+    pub async fn wait_for(&self, what: &str, timeout: Duration, mut done: impl FnMut() -> bool) {
+        let started = Instant::now();
+        while !done() {
+            assert!(
+                started.elapsed() < timeout,
+                "timed out after {timeout:?} waiting for {what}; relay log:\n{}",
+                self.log()
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+}
+
 /// A blocking GET: (status, body), or None if nothing answered.
 pub fn http_get(url: &str) -> Option<(u16, String)> {
     let rest = url.strip_prefix("http://")?;
