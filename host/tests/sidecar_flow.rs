@@ -462,14 +462,7 @@ async fn sigkill_mid_stream_loses_nothing_and_never_commits_past_unfinished_work
         .wait_for(
             "every call delivered after the restart",
             Duration::from_secs(180),
-            || {
-                app.receipts()
-                    .iter()
-                    .map(|r| r.delivery_id.clone())
-                    .collect::<HashSet<_>>()
-                    .len()
-                    >= COUNT
-            },
+            || app.distinct_deliveries() >= COUNT,
         )
         .await;
     let receipts = app.receipts();
@@ -564,14 +557,7 @@ async fn sigterm_under_load_finishes_in_flight_work_and_exits_0() {
         .wait_for(
             "the rest after the restart",
             Duration::from_secs(120),
-            || {
-                app.receipts()
-                    .iter()
-                    .map(|r| r.delivery_id.clone())
-                    .collect::<HashSet<_>>()
-                    .len()
-                    >= COUNT
-            },
+            || app.distinct_deliveries() >= COUNT,
         )
         .await;
 }

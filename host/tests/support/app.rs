@@ -81,6 +81,18 @@ impl TestApp {
         self.state.receipts.lock().unwrap().clone()
     }
 
+    /// How many different delivery ids were received (redeliveries count once).
+    pub fn distinct_deliveries(&self) -> usize {
+        self.state
+            .receipts
+            .lock()
+            .unwrap()
+            .iter()
+            .map(|r| r.delivery_id.as_str())
+            .collect::<std::collections::HashSet<_>>()
+            .len()
+    }
+
     /// How many requests were received.
     pub fn count(&self) -> usize {
         self.state.receipts.lock().unwrap().len()
