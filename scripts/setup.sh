@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # Installs what building, testing and the demo need, skipping whatever is
 # already there: the wasm32-wasip2 Rust target (plugins are built for it),
-# cargo-nextest (the test runner) and tansu (the Kafka broker the integration
+# protoc (Debian protobuf-compiler; the etcd client compiles etcd's protobuf
+# files), cargo-nextest (the test runner), etcd (Debian etcd-server; the
+# config-center tests start one) and tansu (the Kafka broker the integration
 # tests start). Safe to run again and again. With `--demo`, only what the
-# demo needs (the wasm32-wasip2 target).
+# demo needs (the wasm32-wasip2 target and protoc).
 set -euo pipefail
 
 demo_only=false
@@ -21,8 +23,41 @@ if ! rustup target list --installed 2>/dev/null | grep -qx wasm32-wasip2; then
   rustup target add wasm32-wasip2
 fi
 
+# Debian packages, installed only when missing (apt-get update once, first).
+apt_updated=false
+apt_install() {
+  local missing=()
+  for package in "$@"; do
+    dpkg-query -W -f='${Status}' "$package" 2>/dev/null | grep -q 'install ok installed' \
+      || missing+=("$package")
+  done
+  ((${#missing[@]} == 0)) && return 0
+  local sudo=()
+  if [[ $(id -u) -ne 0 ]]; then
+    if ! command -v sudo >/dev/null 2>&1; then
+      echo "error: installing ${missing[*]} needs root; run: apt-get install ${missing[*]}" >&2
+      exit 1
+    fi
+    sudo=(sudo)
+  fi
+  say "installing Debian packages: ${missing[*]}"
+  if ! $apt_updated; then
+    "${sudo[@]}" apt-get update -qq
+    apt_updated=true
+  fi
+  DEBIAN_FRONTEND=noninteractive "${sudo[@]}" apt-get install -y -qq --no-install-recommends "${missing[@]}"
+}
+
+if ! command -v protoc >/dev/null 2>&1; then
+  apt_install protobuf-compiler
+fi
+
 if $demo_only; then
   exit 0
+fi
+
+if ! command -v etcd >/dev/null 2>&1; then
+  apt_install etcd-server
 fi
 
 if ! cargo nextest --version >/dev/null 2>&1; then

@@ -16,7 +16,7 @@ use anyhow::{Context as _, bail};
 use tokio_util::sync::CancellationToken;
 
 use crate::admin::{self, AdminState};
-use crate::center::dir::DirCenter;
+use crate::center::{ConfigCenter, Reachability};
 use crate::config::CenterKind;
 use crate::config::RelayConfig;
 use crate::flow::app::AppClient;
@@ -228,24 +228,32 @@ fn owned_topics(config: &RelayConfig, id: &str) -> Vec<TopicSpec> {
 async fn start_center(
     config: &RelayConfig,
     shutdown: CancellationToken,
-) -> anyhow::Result<Option<DirCenter>> {
+) -> anyhow::Result<Option<ConfigCenter>> {
     let Some(center) = &config.center else {
         return Ok(None);
     };
-    match center.kind {
+    let started = match center.kind {
         CenterKind::Dir => {
             let dir = center.dir.clone().context("center.dir is not set")?;
-            let started = DirCenter::start(&dir, shutdown).await?;
-            tracing::info!(dir = %dir.display(), "config center: directory");
-            Ok(Some(started))
+            crate::center::dir::start(&dir, shutdown).await?
         }
-    }
+        CenterKind::Etcd => crate::center::etcd::start(
+            crate::center::etcd::EtcdCenterOptions {
+                endpoints: center.endpoints.clone(),
+                prefix: center.prefix.clone(),
+                user: center.user.clone().zip(center.password.clone()),
+            },
+            shutdown,
+        ),
+    };
+    tracing::info!(center = started.description(), "config center");
+    Ok(Some(started))
 }
 
 /// Waits (up to `wait`) for `kafka.<id>` in the center and parses it; the
 /// config file's options are used under the center's.
 async fn link_info_from_center(
-    center: &DirCenter,
+    center: &ConfigCenter,
     id: &str,
     link: &crate::config::LinkConfig,
     wait: Duration,
@@ -269,7 +277,16 @@ async fn link_info_from_center(
             .await
             .is_err()
         {
-            anyhow::bail!("link `{id}`: the config center has no key `{key}` (waited {wait:?})");
+            let reachability = match &state.borrow().reachability {
+                Reachability::Reachable => String::new(),
+                Reachability::Unreachable { error, .. } => {
+                    format!("; the center cannot be reached: {error}")
+                }
+            };
+            anyhow::bail!(
+                "link `{id}`: the config center ({}) has no key `{key}` (waited {wait:?}){reachability}",
+                center.description()
+            );
         }
     }
 }

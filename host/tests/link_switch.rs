@@ -1,5 +1,6 @@
-//! Live Kafka link switching from a `dir` config center (a ConfigMap-style
-//! directory): two real brokers, the real binary, a real application.
+//! Live Kafka link switching from a config center, `dir` (a ConfigMap-style
+//! directory) and `etcd`: two real brokers, a real etcd, the real binary, a
+//! real application.
 
 #![allow(clippy::unwrap_used)]
 
@@ -12,6 +13,7 @@ use std::time::Duration;
 
 use serde_json::{Value, json};
 use support::app::TestApp;
+use support::etcd::Etcd;
 use support::relay::{RelayProcess, free_port, http_get};
 use support::tansu::{Tansu, TestRecord};
 
@@ -39,7 +41,23 @@ fn kafka_value(kafka: &Tansu) -> String {
     json!({"bootstrap.servers": kafka.bootstrap(), "batch.num.messages": "1"}).to_string()
 }
 
-fn relay_config(center: &Path, app_url: &str, admin_port: u16) -> String {
+/// The `[center]` section of a `dir` center.
+fn dir_center(dir: &Path) -> String {
+    format!("kind = \"dir\"\ndir = \"{}\"", dir.display())
+}
+
+/// The etcd prefix of the tests' keys.
+const ETCD_PREFIX: &str = "/wasmrelay/";
+
+/// The `[center]` section of an `etcd` center.
+fn etcd_center(etcd: &Etcd) -> String {
+    format!(
+        "kind = \"etcd\"\nendpoints = [\"{}\"]\nprefix = \"{ETCD_PREFIX}\"",
+        etcd.endpoint()
+    )
+}
+
+fn relay_config(center: &str, app_url: &str, admin_port: u16) -> String {
     let plugins = support::plugins_dist().display();
     format!(
         r#"
@@ -48,8 +66,7 @@ listen = "127.0.0.1:{admin_port}"
 [plugins]
 dir = "{plugins}"
 [center]
-kind = "dir"
-dir = "{}"
+{center}
 drain_timeout = "20s"
 [links.main]
 from_center = true
@@ -67,8 +84,7 @@ dead_letter_topic = "service-calls.dlq"
 retry = {{ initial_backoff = "10ms", max_backoff = "100ms", budget = "20s" }}
 [flows.deliver.app]
 url = "{app_url}"
-"#,
-        center.display()
+"#
     )
 }
 
@@ -97,11 +113,38 @@ fn received(app: &TestApp) -> HashSet<u64> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn configmap_swap_moves_the_link_to_the_new_cluster_and_loses_nothing() {
+    let center = tempfile::tempdir().unwrap();
+    let generation = std::sync::atomic::AtomicU32::new(0);
+    switch_under_load_loses_nothing(&dir_center(center.path()), async |kafka: &Tansu| {
+        let generation = generation.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        configmap_update(
+            center.path(),
+            generation,
+            &[("kafka.main", kafka_value(kafka))],
+        );
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn etcd_put_moves_the_link_to_the_new_cluster_and_loses_nothing() {
+    let etcd = Etcd::start();
+    let key = format!("{ETCD_PREFIX}kafka.main");
+    switch_under_load_loses_nothing(&etcd_center(&etcd), async |kafka: &Tansu| {
+        etcd.put(&key, &kafka_value(kafka)).await;
+    })
+    .await;
+}
+
+/// Numbered messages on cluster 1, a backlog left there, the center's value
+/// flipped to cluster 2 by `point_at`, more messages on cluster 2: the one
+/// application (never restarted) receives every message, and the switch is
+/// recorded in `/links`.
+async fn switch_under_load_loses_nothing(center: &str, point_at: impl AsyncFn(&Tansu)) {
     let (kafka1, kafka2) = (Tansu::start(), Tansu::start());
     kafka1.create_topic(INPUT, 3).await;
     kafka2.create_topic(INPUT, 3).await;
-    let center = tempfile::tempdir().unwrap();
-    configmap_update(center.path(), 1, &[("kafka.main", kafka_value(&kafka1))]);
+    point_at(&kafka1).await;
     let app = TestApp::start(|receipt| {
         (
             200,
@@ -111,11 +154,7 @@ async fn configmap_swap_moves_the_link_to_the_new_cluster_and_loses_nothing() {
     })
     .await;
     let admin_port = free_port();
-    let relay = RelayProcess::start(
-        &relay_config(center.path(), &app.url, admin_port),
-        admin_port,
-        &[],
-    );
+    let relay = RelayProcess::start(&relay_config(center, &app.url, admin_port), admin_port, &[]);
     assert_eq!(
         links(&relay)["links"][0]["current"]["bootstrap_servers"],
         kafka1.bootstrap()
@@ -129,7 +168,7 @@ async fn configmap_swap_moves_the_link_to_the_new_cluster_and_loses_nothing() {
         .await;
     // A backlog left on cluster 1 just before the switch.
     kafka1.produce(INPUT, numbered(300..500)).await;
-    configmap_update(center.path(), 2, &[("kafka.main", kafka_value(&kafka2))]);
+    point_at(&kafka2).await;
     relay
         .wait_for("the switch", Duration::from_secs(30), || {
             links(&relay)["links"][0]["current"]["bootstrap_servers"] == kafka2.bootstrap()
@@ -176,7 +215,7 @@ async fn bad_values_and_a_deleted_key_leave_the_old_link_serving() {
     let app = TestApp::start(|_| (200, Vec::new(), vec![])).await;
     let admin_port = free_port();
     let relay = RelayProcess::start(
-        &relay_config(center.path(), &app.url, admin_port),
+        &relay_config(&dir_center(center.path()), &app.url, admin_port),
         admin_port,
         &[],
     );
@@ -251,7 +290,7 @@ async fn quick_flips_end_on_the_last_value_in_a_consistent_state() {
     let app = TestApp::start(|_| (200, Vec::new(), vec![])).await;
     let admin_port = free_port();
     let relay = RelayProcess::start(
-        &relay_config(center.path(), &app.url, admin_port),
+        &relay_config(&dir_center(center.path()), &app.url, admin_port),
         admin_port,
         &[],
     );
@@ -281,4 +320,82 @@ async fn quick_flips_end_on_the_last_value_in_a_consistent_state() {
             received(&app).len() == 200
         })
         .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn etcd_down_keeps_the_link_serving_and_a_later_change_is_followed() {
+    let mut etcd = Etcd::start();
+    let (kafka1, kafka2) = (Tansu::start(), Tansu::start());
+    kafka1.create_topic(INPUT, 1).await;
+    kafka2.create_topic(INPUT, 1).await;
+    let key = format!("{ETCD_PREFIX}kafka.main");
+    etcd.put(&key, &kafka_value(&kafka1)).await;
+    let app = TestApp::start(|_| (200, Vec::new(), vec![])).await;
+    let admin_port = free_port();
+    let relay = RelayProcess::start(
+        &relay_config(&etcd_center(&etcd), &app.url, admin_port),
+        admin_port,
+        &[],
+    );
+    assert_eq!(
+        links(&relay)["links"][0]["status"]["center_reachable"],
+        true
+    );
+    kafka1.produce(INPUT, numbered(0..50)).await;
+    relay
+        .wait_for("traffic on cluster 1", Duration::from_secs(60), || {
+            received(&app).len() == 50
+        })
+        .await;
+
+    etcd.stop();
+    relay
+        .wait_for(
+            "the center reported unreachable",
+            Duration::from_secs(30),
+            || links(&relay)["links"][0]["status"]["center_reachable"] == false,
+        )
+        .await;
+    assert_eq!(relay.metric("wasmrelay_center_reachable"), 0);
+    // Still serving on the last value, and still ready.
+    kafka1.produce(INPUT, numbered(50..100)).await;
+    relay
+        .wait_for(
+            "traffic while etcd is down",
+            Duration::from_secs(60),
+            || received(&app).len() == 100,
+        )
+        .await;
+    assert_eq!(
+        http_get(&format!("{}/readyz", relay.admin)).map(|(status, _)| status),
+        Some(200)
+    );
+    assert_eq!(
+        links(&relay)["links"][0]["current"]["bootstrap_servers"],
+        kafka1.bootstrap()
+    );
+
+    etcd.restart();
+    relay
+        .wait_for(
+            "the center reachable again",
+            Duration::from_secs(30),
+            || links(&relay)["links"][0]["status"]["center_reachable"] == true,
+        )
+        .await;
+    etcd.put(&key, &kafka_value(&kafka2)).await;
+    relay
+        .wait_for(
+            "the switch after etcd came back",
+            Duration::from_secs(30),
+            || links(&relay)["links"][0]["current"]["bootstrap_servers"] == kafka2.bootstrap(),
+        )
+        .await;
+    kafka2.produce(INPUT, numbered(100..150)).await;
+    relay
+        .wait_for("traffic on cluster 2", Duration::from_secs(60), || {
+            received(&app).len() == 150
+        })
+        .await;
+    assert_eq!(relay.metric("wasmrelay_center_reachable"), 1);
 }

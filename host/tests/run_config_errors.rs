@@ -91,3 +91,42 @@ fn unset_variable_is_named() {
     let config = base().replace("http://127.0.0.1:8080/calls", "${APP_URL}");
     assert_rejected(&config, &[], &["APP_URL", "line"]);
 }
+
+#[test]
+fn an_etcd_center_without_endpoints_is_named() {
+    let config = base()
+        .replace("bootstrap_servers = \"127.0.0.1:9\"", "from_center = true")
+        .replace("[links.main]", "[center]\nkind = \"etcd\"\n[links.main]");
+    assert_rejected(
+        &config,
+        &[],
+        &["center.endpoints", "at least one etcd endpoint"],
+    );
+}
+
+#[test]
+fn an_etcd_center_that_cannot_be_reached_fails_the_start_and_says_why() {
+    let dead = support::relay::free_port();
+    let config = base()
+        .replace("bootstrap_servers = \"127.0.0.1:9\"", "from_center = true")
+        .replace(
+            "[links.main]",
+            &format!(
+                "[center]\nkind = \"etcd\"\nendpoints = [\"http://127.0.0.1:{dead}\"]\n\
+                 wait_for_key = \"1s\"\n[links.main]"
+            ),
+        );
+    let (code, stderr) = run(&config, &[]);
+    assert_eq!(code, 1, "expected exit 1, got {code}: {stderr}");
+    for needle in [
+        "link `main`",
+        "kafka.main",
+        "cannot be reached",
+        &dead.to_string(),
+    ] {
+        assert!(
+            stderr.contains(needle),
+            "stderr does not mention `{needle}`:\n{stderr}"
+        );
+    }
+}

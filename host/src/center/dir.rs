@@ -11,15 +11,14 @@
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
 use anyhow::Context as _;
 use notify::{RecursiveMode, Watcher as _};
 use tokio::sync::{mpsc, watch};
-use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
-use super::{CenterState, Reachability};
+use super::{CenterState, ConfigCenter, Reachability};
 
 /// Quiet time after the last event before the directory is read again.
 pub const DEBOUNCE: Duration = Duration::from_millis(50);
@@ -52,52 +51,33 @@ pub fn read_dir_values(dir: &Path) -> std::io::Result<BTreeMap<String, String>> 
     Ok(values)
 }
 
-/// A running `dir` center.
-#[derive(Debug)]
-pub struct DirCenter {
-    state: watch::Receiver<CenterState>,
-    task: JoinHandle<()>,
-}
-
-impl DirCenter {
-    /// Reads `dir` once (failing if it cannot be read: a relay must not
-    /// start without its center) and watches it until `shutdown`.
-    pub async fn start(
-        dir: impl Into<PathBuf>,
-        shutdown: CancellationToken,
-    ) -> anyhow::Result<DirCenter> {
-        let dir = dir.into();
-        let values = read_dir_values(&dir)
-            .with_context(|| format!("reading config center directory {}", dir.display()))?;
-        let (state_tx, state) = watch::channel(CenterState {
-            values,
-            reachability: Reachability::Reachable,
-            generation: 0,
-        });
-        let (events_tx, events_rx) = mpsc::channel::<()>(1);
-        let mut watcher =
-            notify::recommended_watcher(move |event: notify::Result<notify::Event>| {
-                if !matches!(&event, Ok(e) if e.kind.is_access()) {
-                    let _ = events_tx.try_send(());
-                }
-            })
-            .context("creating the config center watcher")?;
-        watcher
-            .watch(&dir, RecursiveMode::NonRecursive)
-            .with_context(|| format!("watching config center directory {}", dir.display()))?;
-        let task = tokio::spawn(watch_loop(dir, watcher, events_rx, state_tx, shutdown));
-        Ok(DirCenter { state, task })
-    }
-
-    /// The latest state; `changed()` on it waits for the next one.
-    pub fn subscribe(&self) -> watch::Receiver<CenterState> {
-        self.state.clone()
-    }
-
-    /// Waits for the watcher task to end (after shutdown).
-    pub async fn join(self) {
-        let _ = self.task.await;
-    }
+/// Reads `dir` once (failing if it cannot be read: a relay must not start
+/// without its center) and watches it until `shutdown`.
+pub async fn start(
+    dir: impl Into<PathBuf>,
+    shutdown: CancellationToken,
+) -> anyhow::Result<ConfigCenter> {
+    let dir = dir.into();
+    let values = read_dir_values(&dir)
+        .with_context(|| format!("reading config center directory {}", dir.display()))?;
+    let (state_tx, state) = watch::channel(CenterState {
+        values,
+        reachability: Reachability::Reachable,
+        generation: 0,
+    });
+    let (events_tx, events_rx) = mpsc::channel::<()>(1);
+    let mut watcher = notify::recommended_watcher(move |event: notify::Result<notify::Event>| {
+        if !matches!(&event, Ok(e) if e.kind.is_access()) {
+            let _ = events_tx.try_send(());
+        }
+    })
+    .context("creating the config center watcher")?;
+    watcher
+        .watch(&dir, RecursiveMode::NonRecursive)
+        .with_context(|| format!("watching config center directory {}", dir.display()))?;
+    let description = format!("dir {}", dir.display());
+    let task = tokio::spawn(watch_loop(dir, watcher, events_rx, state_tx, shutdown));
+    Ok(ConfigCenter::new(state, task, description))
 }
 
 async fn watch_loop(
@@ -122,43 +102,9 @@ async fn watch_loop(
                 while let Ok(Some(())) = tokio::time::timeout(DEBOUNCE, events.recv()).await {}
             }
         }
-        let read = read_dir_values(&dir);
-        state.send_if_modified(|current| apply_read(current, read, &dir));
-    }
-}
-
-/// Folds one read of the directory into the state; true when it changed.
-fn apply_read(
-    current: &mut CenterState,
-    read: std::io::Result<BTreeMap<String, String>>,
-    dir: &Path,
-) -> bool {
-    match read {
-        Ok(values) => {
-            let recovered = current.reachability != Reachability::Reachable;
-            if recovered {
-                tracing::info!(dir = %dir.display(), "config center readable again");
-            }
-            if values == current.values && !recovered {
-                return false;
-            }
-            current.values = values;
-            current.reachability = Reachability::Reachable;
-            current.generation += 1;
-            true
-        }
-        Err(error) => {
-            if current.reachability != Reachability::Reachable {
-                return false;
-            }
-            tracing::warn!(dir = %dir.display(), %error, "config center unreadable; keeping the last good values");
-            current.reachability = Reachability::Unreachable {
-                since: SystemTime::now(),
-                error: error.to_string(),
-            };
-            current.generation += 1;
-            true
-        }
+        let read = read_dir_values(&dir).map_err(|error| error.to_string());
+        let center = format!("dir {}", dir.display());
+        state.send_if_modified(|current| current.fold_read(read, &center));
     }
 }
 
@@ -224,9 +170,7 @@ mod tests {
             &[("kafka.main", "{\"bootstrap.servers\":\"one:9092\"}")],
         );
         let shutdown = CancellationToken::new();
-        let center = DirCenter::start(dir.path(), shutdown.clone())
-            .await
-            .unwrap();
+        let center = start(dir.path(), shutdown.clone()).await.unwrap();
         let mut rx = center.subscribe();
         assert_eq!(
             rx.borrow().kafka_link("main"),
@@ -252,9 +196,7 @@ mod tests {
     async fn write_then_rename_and_delete_are_seen() {
         let dir = tempfile::tempdir().unwrap();
         let shutdown = CancellationToken::new();
-        let center = DirCenter::start(dir.path(), shutdown.clone())
-            .await
-            .unwrap();
+        let center = start(dir.path(), shutdown.clone()).await.unwrap();
         let mut rx = center.subscribe();
         assert!(rx.borrow().values.is_empty());
 
@@ -273,9 +215,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         std::fs::write(dir.path().join("kafka.main"), "1").unwrap();
         let shutdown = CancellationToken::new();
-        let center = DirCenter::start(dir.path(), shutdown.clone())
-            .await
-            .unwrap();
+        let center = start(dir.path(), shutdown.clone()).await.unwrap();
         let mut rx = center.subscribe();
         for value in ["2", "1", "2", "3"] {
             let tmp = dir.path().join(".tmp");
@@ -302,16 +242,17 @@ mod tests {
             reachability: Reachability::Reachable,
             generation: 3,
         };
-        assert!(apply_read(&mut state, read_dir_values(dir), dir));
+        let read = || read_dir_values(dir).map_err(|e| e.to_string());
+        assert!(state.fold_read(read(), "dir"));
         assert_eq!(state.kafka_link("main"), Some("x"));
         assert!(matches!(
             state.reachability,
             Reachability::Unreachable { .. }
         ));
         // Still unreadable: nothing new to publish.
-        assert!(!apply_read(&mut state, read_dir_values(dir), dir));
+        assert!(!state.fold_read(read(), "dir"));
         // Readable again: recovered, new values.
-        assert!(apply_read(&mut state, Ok(BTreeMap::new()), dir));
+        assert!(state.fold_read(Ok(BTreeMap::new()), "dir"));
         assert_eq!(state.reachability, Reachability::Reachable);
         assert!(state.values.is_empty());
     }

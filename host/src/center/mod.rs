@@ -2,17 +2,21 @@
 //! (`kafka.<link-id>` → a JSON object of librdkafka properties) and watches
 //! it change.
 //!
-//! Owns: the backends ([`dir`] today; etcd next) and what they publish, a
+//! Owns: the backends ([`dir`], [`etcd`]) and what they publish, a
 //! [`CenterState`] on a `tokio::sync::watch` channel: the latest values and
 //! whether the center is reachable. A watch channel keeps only the newest
-//! state, so flips in quick succession end on the last value. What a new
-//! value means for a Kafka link is the link manager's business, not this
-//! module's.
+//! state, so flips in quick succession end on the last value. Every backend
+//! runs as one task behind a [`ConfigCenter`]. What a new value means for a
+//! Kafka link is the link manager's business, not this module's.
 
 pub mod dir;
+pub mod etcd;
 
 use std::collections::BTreeMap;
 use std::time::SystemTime;
+
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
 
 /// The key prefix of Kafka connection info: `kafka.<link-id>`.
 pub const KAFKA_KEY_PREFIX: &str = "kafka.";
@@ -48,5 +52,84 @@ impl CenterState {
         self.values
             .get(&format!("{KAFKA_KEY_PREFIX}{link_id}"))
             .map(String::as_str)
+    }
+
+    /// Folds one complete read of the center (`Ok`: every key and value;
+    /// `Err`: why it could not be read) into the state; true when something
+    /// changed that watchers must see. A failed read keeps the last good
+    /// values and marks them unreachable; `center` names the center in logs.
+    pub fn fold_read(
+        &mut self,
+        read: Result<BTreeMap<String, String>, String>,
+        center: &str,
+    ) -> bool {
+        match read {
+            Ok(values) => {
+                let recovered = self.reachability != Reachability::Reachable;
+                if recovered {
+                    tracing::info!(%center, "config center readable again");
+                }
+                if values == self.values && !recovered {
+                    return false;
+                }
+                self.values = values;
+                self.reachability = Reachability::Reachable;
+                self.generation += 1;
+                true
+            }
+            Err(error) => {
+                if let Reachability::Unreachable { error: last, .. } = &mut self.reachability {
+                    // Still down: keep `since`, note the latest cause quietly.
+                    *last = error;
+                    return false;
+                }
+                tracing::warn!(%center, %error, "config center unreachable; keeping the last good values");
+                self.reachability = Reachability::Unreachable {
+                    since: SystemTime::now(),
+                    error,
+                };
+                self.generation += 1;
+                true
+            }
+        }
+    }
+}
+
+/// A running config center of any backend: the task that reads and watches
+/// it, and the state it publishes.
+#[derive(Debug)]
+pub struct ConfigCenter {
+    state: watch::Receiver<CenterState>,
+    task: JoinHandle<()>,
+    description: String,
+}
+
+impl ConfigCenter {
+    pub(crate) fn new(
+        state: watch::Receiver<CenterState>,
+        task: JoinHandle<()>,
+        description: String,
+    ) -> ConfigCenter {
+        ConfigCenter {
+            state,
+            task,
+            description,
+        }
+    }
+
+    /// The latest state; `changed()` on it waits for the next one.
+    pub fn subscribe(&self) -> watch::Receiver<CenterState> {
+        self.state.clone()
+    }
+
+    /// Where the center is (`dir /etc/center`, `etcd http://...`), for logs
+    /// and error messages.
+    pub fn description(&self) -> &str {
+        &self.description
+    }
+
+    /// Waits for the backend's task to end (after shutdown).
+    pub async fn join(self) {
+        let _ = self.task.await;
     }
 }

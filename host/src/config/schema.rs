@@ -100,11 +100,25 @@ pub struct PluginsConfig {
 #[serde(deny_unknown_fields)]
 pub struct CenterConfig {
     /// The backend: `dir` (a directory of files, e.g. a mounted Kubernetes
-    /// ConfigMap; each file name is a key, its content the value).
+    /// ConfigMap; each file name is a key, its content the value) or `etcd`
+    /// (keys under a prefix).
     pub kind: CenterKind,
     /// The directory (`kind = "dir"`).
     #[serde(default)]
     pub dir: Option<PathBuf>,
+    /// etcd client URLs, e.g. `["http://10.0.0.5:2379"]` (`kind = "etcd"`).
+    #[serde(default)]
+    pub endpoints: Vec<String>,
+    /// Only etcd keys under this prefix are read, named without it:
+    /// `/wasmrelay/kafka.main` is key `kafka.main` with prefix `/wasmrelay/`.
+    #[serde(default)]
+    pub prefix: String,
+    /// etcd user, when authentication is enabled (with `password`).
+    #[serde(default)]
+    pub user: Option<String>,
+    /// etcd password (use `${ETCD_PASSWORD}` rather than writing it here).
+    #[serde(default)]
+    pub password: Option<String>,
     /// How long a link waits at start for its key before the relay gives up.
     #[serde(default = "default_wait_for_key", with = "humantime_serde")]
     pub wait_for_key: Duration,
@@ -123,6 +137,8 @@ pub struct CenterConfig {
 pub enum CenterKind {
     /// A directory of files.
     Dir,
+    /// Keys under a prefix in etcd (v3 API).
+    Etcd,
 }
 
 /// One Kafka connection.

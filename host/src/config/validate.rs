@@ -9,8 +9,8 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use super::{
-    AppTarget, DeliverConfig, FlowConfig, LinkConfig, PluginsConfig, Problem, RelayConfig,
-    RetryConfig, key_segment,
+    AppTarget, CenterKind, DeliverConfig, FlowConfig, LinkConfig, PluginsConfig, Problem,
+    RelayConfig, RetryConfig, key_segment,
 };
 
 /// Longest plugin call deadline allowed.
@@ -176,17 +176,54 @@ fn check_center(config: &RelayConfig, problems: &mut Problems) {
         }
         return;
     };
-    match (center.kind, &center.dir) {
-        (crate::config::CenterKind::Dir, None) => {
-            problems.push("center.dir", "is required with `kind = \"dir\"`");
+    match center.kind {
+        CenterKind::Dir => {
+            match &center.dir {
+                None => problems.push("center.dir", "is required with `kind = \"dir\"`"),
+                Some(dir) if !dir.is_dir() => problems.push(
+                    "center.dir",
+                    format!("{} is not a directory", dir.display()),
+                ),
+                Some(_) => {}
+            }
+            for (key, set) in [
+                ("center.endpoints", !center.endpoints.is_empty()),
+                ("center.prefix", !center.prefix.is_empty()),
+                ("center.user", center.user.is_some()),
+                ("center.password", center.password.is_some()),
+            ] {
+                if set {
+                    problems.push(key, "is only used with `kind = \"etcd\"`");
+                }
+            }
         }
-        (crate::config::CenterKind::Dir, Some(dir)) if !dir.is_dir() => {
-            problems.push(
-                "center.dir",
-                format!("{} is not a directory", dir.display()),
-            );
+        CenterKind::Etcd => {
+            if center.endpoints.is_empty() {
+                problems.push(
+                    "center.endpoints",
+                    "at least one etcd endpoint is required with `kind = \"etcd\"` \
+                     (e.g. `[\"http://127.0.0.1:2379\"]`)",
+                );
+            }
+            for (index, endpoint) in center.endpoints.iter().enumerate() {
+                if let Err(problem) = etcd_endpoint_problem(endpoint) {
+                    problems.push(format!("center.endpoints[{index}]"), problem);
+                }
+            }
+            if center.dir.is_some() {
+                problems.push("center.dir", "is only used with `kind = \"dir\"`");
+            }
+            if center.user.is_some() != center.password.is_some() {
+                problems.push(
+                    if center.user.is_some() {
+                        "center.password"
+                    } else {
+                        "center.user"
+                    },
+                    "`user` and `password` go together",
+                );
+            }
         }
-        _ => {}
     }
     for (key, value) in [
         ("center.wait_for_key", center.wait_for_key),
@@ -197,6 +234,28 @@ fn check_center(config: &RelayConfig, problems: &mut Problems) {
             problems.push(key, "must be more than zero");
         }
     }
+}
+
+/// An etcd endpoint is `http://host:port` (or `https://`); a bare
+/// `host:port` is taken as `http://`.
+fn etcd_endpoint_problem(endpoint: &str) -> Result<(), String> {
+    let with_scheme = if endpoint.contains("://") {
+        endpoint.to_string()
+    } else {
+        format!("http://{endpoint}")
+    };
+    let url = url::Url::parse(&with_scheme)
+        .map_err(|e| format!("`{endpoint}` is not an etcd URL like http://host:2379: {e}"))?;
+    if !matches!(url.scheme(), "http" | "https") {
+        return Err(format!(
+            "`{endpoint}`: the scheme must be http or https, not `{}`",
+            url.scheme()
+        ));
+    }
+    if url.host_str().is_none_or(str::is_empty) {
+        return Err(format!("`{endpoint}` has no host"));
+    }
+    Ok(())
 }
 
 fn check_links(links: &BTreeMap<String, LinkConfig>, problems: &mut Problems) {
@@ -506,8 +565,12 @@ url = "http://127.0.0.1:8080/calls"
             "needs a `[center]`",
         );
         let center = |dir: Option<std::path::PathBuf>| crate::config::CenterConfig {
-            kind: crate::config::CenterKind::Dir,
+            kind: CenterKind::Dir,
             dir,
+            endpoints: Vec::new(),
+            prefix: String::new(),
+            user: None,
+            password: None,
             wait_for_key: std::time::Duration::from_secs(1),
             probe_timeout: std::time::Duration::from_secs(1),
             drain_timeout: std::time::Duration::from_secs(1),
@@ -533,6 +596,58 @@ url = "http://127.0.0.1:8080/calls"
                 link.bootstrap_servers.clear();
             }),
             Vec::<String>::new()
+        );
+    }
+
+    #[test]
+    fn an_etcd_center_needs_good_endpoints_and_no_directory() {
+        let etcd = |endpoints: &[&str]| crate::config::CenterConfig {
+            kind: CenterKind::Etcd,
+            dir: None,
+            endpoints: endpoints.iter().map(ToString::to_string).collect(),
+            prefix: "/wasmrelay/".to_string(),
+            user: None,
+            password: None,
+            wait_for_key: std::time::Duration::from_secs(1),
+            probe_timeout: std::time::Duration::from_secs(1),
+            drain_timeout: std::time::Duration::from_secs(1),
+        };
+        assert_eq!(
+            problems(|c| c.center = Some(etcd(&["http://10.0.0.5:2379", "etcd-2:2379"]))),
+            Vec::<String>::new()
+        );
+        assert_one(
+            problems(|c| c.center = Some(etcd(&[]))),
+            "center.endpoints",
+            "at least one etcd endpoint",
+        );
+        assert_one(
+            problems(|c| c.center = Some(etcd(&["grpc://etcd:2379"]))),
+            "center.endpoints[0]",
+            "scheme must be http or https",
+        );
+        assert_one(
+            problems(|c| c.center = Some(etcd(&["http://:2379"]))),
+            "center.endpoints[0]",
+            "not an etcd URL",
+        );
+        assert_one(
+            problems(|c| {
+                let mut center = etcd(&["etcd:2379"]);
+                center.user = Some("relay".to_string());
+                c.center = Some(center);
+            }),
+            "center.password",
+            "go together",
+        );
+        assert_one(
+            problems(|c| {
+                let mut center = etcd(&["etcd:2379"]);
+                center.dir = Some("/etc".into());
+                c.center = Some(center);
+            }),
+            "center.dir",
+            "only used with `kind = \"dir\"`",
         );
     }
 

@@ -50,6 +50,9 @@ pub async fn follow_center(
     let key = format!("{}{}", crate::center::KAFKA_KEY_PREFIX, link.id());
     // Reported once per deletion, not on every later change of other keys.
     let mut key_missing = false;
+    let reachable = center.borrow().reachability == Reachability::Reachable;
+    link.update_status(|s| s.center_reachable = Some(reachable));
+    options.metrics.set_center_reachable(reachable);
     loop {
         tokio::select! {
             _ = shutdown.cancelled() => return,

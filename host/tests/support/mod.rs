@@ -8,6 +8,7 @@ use std::process::Command;
 use std::sync::OnceLock;
 
 pub mod app;
+pub mod etcd;
 pub mod relay;
 pub mod tansu;
 

@@ -1,0 +1,219 @@
+//! The `etcd` config-center backend: every key under a prefix is a key of the
+//! center (the prefix stripped), its value the value.
+//!
+//! One task runs sessions against etcd, one after the other. A session reads
+//! every key under the prefix, publishes them, then watches the prefix from
+//! the revision after that read, so no change made between the read and the
+//! watch is missed. When the watch breaks (etcd stopped, network gone, the
+//! keepalive timed out) the state is marked unreachable, keeping the last
+//! good values, and a new session starts after a backoff that doubles up to
+//! [`MAX_BACKOFF`]. When the watch start revision has been compacted away the
+//! session simply reads again: the read is the truth, the watch only news.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use anyhow::Context as _;
+use etcd_client::{Client, ConnectOptions, EventType, GetOptions, WatchOptions};
+use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
+
+use super::{CenterState, ConfigCenter, Reachability};
+
+/// The first wait before connecting again after a failure.
+pub const INITIAL_BACKOFF: Duration = Duration::from_millis(100);
+/// The longest wait between attempts to reach etcd.
+pub const MAX_BACKOFF: Duration = Duration::from_secs(5);
+/// How long connecting and each request may take.
+pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
+/// HTTP/2 keepalive on the watch connection: a peer that stops answering is
+/// noticed within about twice this.
+pub const KEEPALIVE: Duration = Duration::from_secs(3);
+
+/// Where etcd is and which keys are the center's.
+#[derive(Clone, Debug)]
+pub struct EtcdCenterOptions {
+    /// Client URLs, e.g. `http://127.0.0.1:2379`.
+    pub endpoints: Vec<String>,
+    /// Only keys starting with this belong to the center; it is stripped
+    /// from their names (`/wasmrelay/kafka.main` → `kafka.main`).
+    pub prefix: String,
+    /// etcd user and password, when etcd has authentication enabled.
+    pub user: Option<(String, String)>,
+}
+
+impl EtcdCenterOptions {
+    fn describe(&self) -> String {
+        format!("etcd {} prefix {:?}", self.endpoints.join(","), self.prefix)
+    }
+}
+
+/// Starts following etcd until `shutdown`. Never fails on etcd being down:
+/// the state starts unreachable and becomes reachable at the first good
+/// read (a link waiting for its key says why it is still waiting).
+pub fn start(options: EtcdCenterOptions, shutdown: CancellationToken) -> ConfigCenter {
+    let description = options.describe();
+    let (state_tx, state) = watch::channel(CenterState {
+        values: BTreeMap::new(),
+        reachability: Reachability::Unreachable {
+            since: std::time::SystemTime::now(),
+            error: "not read yet".to_string(),
+        },
+        generation: 0,
+    });
+    let task = tokio::spawn(follow(options, state_tx, shutdown));
+    ConfigCenter::new(state, task, description)
+}
+
+/// A session that ended without an error: the watch start revision was
+/// compacted, so the prefix is read again at once.
+#[derive(Debug)]
+struct Compacted;
+
+async fn follow(
+    options: EtcdCenterOptions,
+    state: watch::Sender<CenterState>,
+    shutdown: CancellationToken,
+) {
+    let center = options.describe();
+    let mut backoff = INITIAL_BACKOFF;
+    loop {
+        let end = tokio::select! {
+            _ = shutdown.cancelled() => return,
+            end = session(&options, &state, &center, &mut backoff) => end,
+        };
+        match end {
+            Ok(Compacted) => {
+                tracing::info!(%center, "watch revision compacted; reading the prefix again");
+                continue;
+            }
+            Err(error) => {
+                let error = format!("{error:#}");
+                tracing::debug!(%center, %error, retry_in = ?backoff, "etcd session ended");
+                state.send_if_modified(|current| current.fold_read(Err(error), &center));
+            }
+        }
+        tokio::select! {
+            _ = shutdown.cancelled() => return,
+            _ = tokio::time::sleep(backoff) => {}
+        }
+        backoff = (backoff * 2).min(MAX_BACKOFF);
+    }
+}
+
+/// Connects, reads, publishes, then watches and publishes each change until
+/// something breaks. Resets `backoff` once a read succeeded.
+async fn session(
+    options: &EtcdCenterOptions,
+    state: &watch::Sender<CenterState>,
+    center: &str,
+    backoff: &mut Duration,
+) -> anyhow::Result<Compacted> {
+    let mut connect = ConnectOptions::new()
+        .with_connect_timeout(REQUEST_TIMEOUT)
+        .with_timeout(REQUEST_TIMEOUT)
+        .with_keep_alive(KEEPALIVE, KEEPALIVE)
+        .with_keep_alive_while_idle(true);
+    if let Some((user, password)) = &options.user {
+        connect = connect.with_user(user.clone(), password.clone());
+    }
+    let mut client = Client::connect(&options.endpoints, Some(connect))
+        .await
+        .context("connecting")?;
+    let read = client
+        .get(
+            options.prefix.as_str(),
+            Some(GetOptions::new().with_prefix()),
+        )
+        .await
+        .context("reading the prefix")?;
+    let revision = read
+        .header()
+        .map(|h| h.revision())
+        .context("etcd answered a read without a revision")?;
+    let mut values = BTreeMap::new();
+    for kv in read.kvs() {
+        if let Some(key) = strip_prefix(kv.key(), &options.prefix) {
+            values.insert(key, value_text(kv.value()));
+        }
+    }
+    state.send_if_modified(|current| current.fold_read(Ok(values.clone()), center));
+    *backoff = INITIAL_BACKOFF;
+
+    let watch_options = WatchOptions::new()
+        .with_prefix()
+        .with_start_revision(revision + 1)
+        .with_progress_notify();
+    let mut stream = client
+        .watch(options.prefix.as_str(), Some(watch_options))
+        .await
+        .context("starting the watch")?;
+    loop {
+        let Some(response) = stream.message().await.context("watching the prefix")? else {
+            anyhow::bail!("the watch stream ended");
+        };
+        if response.compact_revision() > 0 {
+            return Ok(Compacted);
+        }
+        if response.canceled() {
+            anyhow::bail!("etcd cancelled the watch: {}", response.cancel_reason());
+        }
+        let mut changed = false;
+        for event in response.events() {
+            let Some(kv) = event.kv() else { continue };
+            let Some(key) = strip_prefix(kv.key(), &options.prefix) else {
+                continue;
+            };
+            changed = true;
+            match event.event_type() {
+                EventType::Put => {
+                    values.insert(key, value_text(kv.value()));
+                }
+                EventType::Delete => {
+                    values.remove(&key);
+                }
+            }
+        }
+        if changed {
+            state.send_if_modified(|current| current.fold_read(Ok(values.clone()), center));
+        }
+    }
+}
+
+/// The center's name for an etcd key, or `None` when the key is not under
+/// the prefix or is not UTF-8.
+fn strip_prefix(key: &[u8], prefix: &str) -> Option<String> {
+    let rest = key.strip_prefix(prefix.as_bytes())?;
+    std::str::from_utf8(rest).ok().map(str::to_string)
+}
+
+/// A value as text, trimmed like a file's content. Bytes that are not UTF-8
+/// are replaced, so the link manager reports a clear "not JSON" error.
+fn value_text(value: &[u8]) -> String {
+    String::from_utf8_lossy(value).trim().to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keys_are_named_without_the_prefix() {
+        assert_eq!(
+            strip_prefix(b"/wasmrelay/kafka.main", "/wasmrelay/"),
+            Some("kafka.main".to_string())
+        );
+        assert_eq!(
+            strip_prefix(b"kafka.main", ""),
+            Some("kafka.main".to_string())
+        );
+        assert_eq!(strip_prefix(b"/other/kafka.main", "/wasmrelay/"), None);
+        assert_eq!(strip_prefix(b"/wasmrelay/\xff", "/wasmrelay/"), None);
+    }
+
+    #[test]
+    fn values_are_trimmed_text() {
+        assert_eq!(value_text(b" {\"a\":1}\n"), "{\"a\":1}");
+        assert_eq!(value_text(b"\xff"), "\u{fffd}");
+    }
+}
