@@ -199,6 +199,7 @@ fn demo_config(bootstrap: &str, app_url: &str, plugins_dir: &std::path::Path) ->
             ]),
         },
         center: None,
+        cluster: None,
         links: BTreeMap::from([(
             "main".to_string(),
             LinkConfig {

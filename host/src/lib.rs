@@ -6,9 +6,11 @@
 pub mod admin;
 pub mod center;
 pub mod cli;
+pub mod cluster;
 pub mod config;
 pub mod demo;
 pub mod flow;
+pub mod gateway;
 pub mod kafka;
 pub mod link;
 pub mod node;

@@ -17,11 +17,13 @@ use tokio_util::sync::CancellationToken;
 
 use crate::admin::{self, AdminState};
 use crate::center::{ConfigCenter, Reachability};
-use crate::config::CenterKind;
-use crate::config::RelayConfig;
+use crate::cluster::{ClusterDelivery, DeliveryPolicy, FlowUpstream, ProcessRouter};
+use crate::config::{CenterKind, ClusterConfig, DeliverConfig, RelayConfig};
 use crate::flow::app::AppClient;
 use crate::flow::chain::PluginChain;
+use crate::flow::handler::Target;
 use crate::flow::{FlowHandler, FlowMessageHandler};
+use crate::gateway::{Gateway, GatewayOptions};
 use crate::kafka::admin::{TopicSpec, ensure_topics};
 use crate::kafka::{ConsumerOptions, LinkInfo};
 use crate::link::KafkaLink;
@@ -114,14 +116,52 @@ pub async fn run_with_metrics(
         ..ConsumerOptions::default()
     };
     let mut runners: Vec<(String, Arc<FlowRunner>)> = Vec::new();
+    let gateway_stop = CancellationToken::new();
+    let mut gateway_tasks = Vec::new();
     for flow in &config.flows {
         let link = links[&flow.link].clone();
-        let app = match &flow.deliver {
-            Some(crate::config::DeliverConfig::App(app)) => Some(
+        let data_return =
+            PluginChain::new(flow.data_return.clone(), registry.clone(), metrics.clone());
+        let target = match &flow.deliver {
+            Some(DeliverConfig::App(app)) => Target::App(
                 AppClient::new(&flow.name, &app.url, app.timeout, app.concurrency)
                     .with_context(|| format!("flow `{}`", flow.name))?,
             ),
-            None => None,
+            Some(DeliverConfig::Cluster(target)) => {
+                let cluster_config = config
+                    .cluster
+                    .as_ref()
+                    .context("a cluster flow needs `[cluster]`")?;
+                let upstream = Arc::new(FlowUpstream {
+                    node: config.node.id.clone(),
+                    data_return: data_return.clone(),
+                    link: link.clone(),
+                    output_topic: flow.output_topic.clone(),
+                    metrics: metrics.flow(&flow.name),
+                });
+                let gateway = Gateway::new(
+                    gateway_options(&config.node.id, cluster_config),
+                    upstream,
+                    None,
+                );
+                let listener = crate::gateway::bind(cluster_config.client_listen).await?;
+                tracing::info!(addr = %cluster_config.client_listen, "client listener ready");
+                gateway_tasks.push(tokio::spawn(
+                    gateway.clone().serve(listener, gateway_stop.clone()),
+                ));
+                Target::Cluster {
+                    router: ProcessRouter::new(target.router.clone(), registry.clone()),
+                    delivery: ClusterDelivery::new(
+                        gateway,
+                        DeliveryPolicy {
+                            ttl: target.ttl,
+                            initial_backoff: flow.retry.initial_backoff,
+                            max_backoff: flow.retry.max_backoff,
+                        },
+                    ),
+                }
+            }
+            None => Target::Transform,
         };
         let handler = FlowHandler {
             name: flow.name.clone(),
@@ -131,12 +171,8 @@ pub async fn run_with_metrics(
                 registry.clone(),
                 metrics.clone(),
             ),
-            app,
-            data_return: PluginChain::new(
-                flow.data_return.clone(),
-                registry.clone(),
-                metrics.clone(),
-            ),
+            target,
+            data_return,
             link: link.clone(),
             output_topic: flow.output_topic.clone(),
             dead_letter_topic: flow.dead_letter_topic.clone(),
@@ -199,6 +235,12 @@ pub async fn run_with_metrics(
             tracing::info!(flow = %runner.name, consumed = report.consumed, abandoned = report.abandoned_at_shutdown, "flow stopped");
         }
     }
+    // Processes are told the node is going away once nothing more is
+    // delivered to them; what they had not acked is consumed again.
+    gateway_stop.cancel();
+    for task in gateway_tasks {
+        let _ = task.await;
+    }
     plugin_watch.cancel();
     for (id, link) in links {
         let producer = link.producer();
@@ -211,6 +253,18 @@ pub async fn run_with_metrics(
     let _ = admin_task.await;
     tracing::info!("relay stopped");
     Ok(())
+}
+
+/// How this node's gateway treats process connections.
+fn gateway_options(node_id: &str, cluster: &ClusterConfig) -> GatewayOptions {
+    GatewayOptions {
+        node_id: node_id.to_string(),
+        keepalive: cluster.keepalive,
+        hello_timeout: cluster.hello_timeout,
+        send_queue: cluster.send_queue,
+        max_unacked: cluster.max_unacked,
+        max_frame_bytes: cluster.max_frame_bytes,
+    }
 }
 
 /// The topics the relay writes to through link `id` (created when missing).
@@ -328,6 +382,24 @@ async fn start_plugins(config: &RelayConfig) -> anyhow::Result<Arc<PluginRegistr
                         ));
                     }
                 }
+            }
+        }
+    }
+    for flow in &config.flows {
+        if let Some(DeliverConfig::Cluster(target)) = &flow.deliver
+            && let Some(name) = &target.router
+        {
+            match registry.get(name) {
+                Some(slot) if slot.world() == crate::plugin::World::Router => {}
+                Some(slot) => problems.push(format!(
+                    "flow `{}` deliver.cluster.router: plugin `{name}` is a {} plugin, not a router",
+                    flow.name,
+                    slot.world()
+                )),
+                None => problems.push(format!(
+                    "flow `{}` deliver.cluster.router: plugin `{name}` is not loaded",
+                    flow.name
+                )),
             }
         }
     }

@@ -89,9 +89,9 @@ impl FrameCodec {
     }
 
     /// Encodes one frame into a new buffer (prefix included).
-    pub fn encode_to_vec(&mut self, frame: &Frame) -> Result<Vec<u8>, CodecError> {
+    pub fn encode_to_vec(&self, frame: &Frame) -> Result<Vec<u8>, CodecError> {
         let mut buffer = BytesMut::new();
-        <Self as Encoder<&Frame>>::encode(self, frame, &mut buffer)?;
+        self.encode_frame(frame, &mut buffer)?;
         Ok(buffer.to_vec())
     }
 }
@@ -150,14 +150,13 @@ impl Encoder<Frame> for FrameCodec {
     type Error = CodecError;
 
     fn encode(&mut self, frame: Frame, dst: &mut BytesMut) -> Result<(), CodecError> {
-        <Self as Encoder<&Frame>>::encode(self, &frame, dst)
+        self.encode_frame(&frame, dst)
     }
 }
 
-impl Encoder<&Frame> for FrameCodec {
-    type Error = CodecError;
-
-    fn encode(&mut self, frame: &Frame, dst: &mut BytesMut) -> Result<(), CodecError> {
+impl FrameCodec {
+    /// Appends one frame (prefix included) to `dst`.
+    pub fn encode_frame(&self, frame: &Frame, dst: &mut BytesMut) -> Result<(), CodecError> {
         let length = frame.encoded_len();
         if length > self.max_frame_bytes {
             return Err(CodecError::TooLarge {
@@ -265,7 +264,7 @@ mod tests {
 
     #[test]
     fn frames_over_the_maximum_are_not_sent() {
-        let mut codec = FrameCodec::new(8);
+        let codec = FrameCodec::new(8);
         let error = codec.encode_to_vec(&hello()).unwrap_err();
         assert!(matches!(error, CodecError::TooLarge { max: 8, .. }));
     }

@@ -400,9 +400,9 @@ dead_letter_topic = "dlq"
     #[test]
     fn wrong_type_and_unknown_delivery_kind_are_named() {
         let dir = plugins_dir(&["json-enrich"]);
-        let msg = parse_err(&config_text(dir.path(), "[flows.deliver.cluster]\n")).to_string();
+        let msg = parse_err(&config_text(dir.path(), "[flows.deliver.pigeon]\n")).to_string();
         assert!(
-            msg.contains("flows[0].deliver: unknown variant `cluster`"),
+            msg.contains("flows[0].deliver: unknown variant `pigeon`"),
             "{msg}"
         );
         let text = config_text(dir.path(), "").replace(

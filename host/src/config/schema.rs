@@ -28,6 +28,11 @@ pub struct RelayConfig {
     pub links: BTreeMap<String, LinkConfig>,
     /// The message flows (`[[flows]]`).
     pub flows: Vec<FlowConfig>,
+    /// Cluster membership, the client listener for business processes, and
+    /// the mesh between nodes (`[cluster]`); needed by a flow that delivers
+    /// to the cluster.
+    #[serde(default)]
+    pub cluster: Option<ClusterConfig>,
     /// How long a graceful shutdown may take to finish in-flight work.
     #[serde(default = "default_shutdown_grace", with = "humantime_serde")]
     pub shutdown_grace: Duration,
@@ -201,6 +206,90 @@ pub struct FlowConfig {
 pub enum DeliverConfig {
     /// HTTP POST to the application beside the relay.
     App(AppTarget),
+    /// The business process the message is addressed to, wherever in the
+    /// cluster it is connected (`[flows.deliver.cluster]`). Upstream sends
+    /// of processes go through this flow's data-return chain to its output
+    /// topic.
+    Cluster(ClusterTarget),
+}
+
+/// How a cluster flow addresses and delivers messages.
+#[derive(Clone, Debug, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct ClusterTarget {
+    /// A router plugin that names each message's process; without it, the
+    /// `process-id` header, else the message key.
+    #[serde(default)]
+    pub router: Option<String>,
+    /// How long a message whose process is not connected (or whose delivery
+    /// failed) is retried before it is dead-lettered.
+    #[serde(default = "default_delivery_ttl", with = "humantime_serde")]
+    pub ttl: Duration,
+}
+
+/// The relay cluster: where processes and other nodes connect, and how
+/// nodes find each other through Kafka.
+#[derive(Clone, Debug, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct ClusterConfig {
+    /// The link whose Kafka carries heartbeats, routes and alarms.
+    pub link: String,
+    /// Where business processes connect.
+    pub client_listen: SocketAddr,
+    /// The client address other nodes and redirects tell processes
+    /// (`host:port`); defaults to `client_listen`.
+    #[serde(default)]
+    pub client_advertise: Option<String>,
+    /// Where other nodes connect (the mesh).
+    pub mesh_listen: SocketAddr,
+    /// The mesh address other nodes dial; defaults to `mesh_listen`.
+    #[serde(default)]
+    pub mesh_advertise: Option<String>,
+    /// The admin address shown to other nodes; defaults to `admin.listen`.
+    #[serde(default)]
+    pub admin_advertise: Option<String>,
+    /// The shared secret mesh links authenticate with (at least 16
+    /// characters; use `${CLUSTER_SECRET}`).
+    pub secret: String,
+    /// Topic of node heartbeats.
+    #[serde(default = "default_heartbeat_topic")]
+    pub heartbeat_topic: String,
+    /// Topic of the route table (process id → node), keyed by process id.
+    #[serde(default = "default_routes_topic")]
+    pub routes_topic: String,
+    /// Topic alarms are also written to (JSON), when set.
+    #[serde(default)]
+    pub alarm_topic: Option<String>,
+    /// How often each node publishes its heartbeat.
+    #[serde(default = "default_heartbeat_interval", with = "humantime_serde")]
+    pub heartbeat_interval: Duration,
+    /// A node is live while its heartbeats arrive within this time.
+    #[serde(default = "default_node_timeout", with = "humantime_serde")]
+    pub node_timeout: Duration,
+    /// The alarm fires while fewer nodes than this are live.
+    #[serde(default = "default_min_live_nodes")]
+    pub min_live_nodes: usize,
+    /// Connections this node is meant to hold (its quota, published in its
+    /// heartbeat for placement).
+    #[serde(default = "default_connection_quota")]
+    pub connection_quota: u64,
+    /// Processes must send something at least this often; a connection
+    /// silent for three times this is closed.
+    #[serde(default = "default_keepalive", with = "humantime_serde")]
+    pub keepalive: Duration,
+    /// How long a new connection may take to say Hello.
+    #[serde(default = "default_hello_timeout", with = "humantime_serde")]
+    pub hello_timeout: Duration,
+    /// Frames queued for one connection before it is closed as too slow.
+    #[serde(default = "default_send_queue")]
+    pub send_queue: usize,
+    /// Deliveries one process may leave unacknowledged before it is closed
+    /// as too slow.
+    #[serde(default = "default_max_unacked")]
+    pub max_unacked: usize,
+    /// Largest frame accepted from processes and nodes, in bytes.
+    #[serde(default = "default_max_frame_bytes")]
+    pub max_frame_bytes: usize,
 }
 
 /// The application endpoint of a sidecar flow.
@@ -240,6 +329,54 @@ impl Default for RetryConfig {
             budget: default_retry_budget(),
         }
     }
+}
+
+fn default_delivery_ttl() -> Duration {
+    Duration::from_secs(60)
+}
+
+fn default_heartbeat_topic() -> String {
+    "wasmrelay.heartbeats".to_string()
+}
+
+fn default_routes_topic() -> String {
+    "wasmrelay.routes".to_string()
+}
+
+fn default_heartbeat_interval() -> Duration {
+    Duration::from_secs(1)
+}
+
+fn default_node_timeout() -> Duration {
+    Duration::from_secs(5)
+}
+
+fn default_min_live_nodes() -> usize {
+    1
+}
+
+fn default_connection_quota() -> u64 {
+    100_000
+}
+
+fn default_keepalive() -> Duration {
+    Duration::from_secs(10)
+}
+
+fn default_hello_timeout() -> Duration {
+    Duration::from_secs(10)
+}
+
+fn default_send_queue() -> usize {
+    1024
+}
+
+fn default_max_unacked() -> usize {
+    1024
+}
+
+fn default_max_frame_bytes() -> usize {
+    1024 * 1024
 }
 
 fn default_wait_for_key() -> Duration {

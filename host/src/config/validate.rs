@@ -46,7 +46,111 @@ pub fn validate(config: &RelayConfig) -> Result<(), Vec<Problem>> {
     for (index, flow) in config.flows.iter().enumerate() {
         check_flow(config, index, flow, plugin_files, &mut problems);
     }
+    check_cluster(config, &mut problems);
     problems.finish()
+}
+
+/// The shortest cluster secret accepted.
+const MIN_SECRET_LEN: usize = 16;
+
+fn check_cluster(config: &RelayConfig, problems: &mut Problems) {
+    let cluster_flows: Vec<usize> = config
+        .flows
+        .iter()
+        .enumerate()
+        .filter(|(_, f)| matches!(f.deliver, Some(DeliverConfig::Cluster(_))))
+        .map(|(i, _)| i)
+        .collect();
+    let Some(cluster) = &config.cluster else {
+        for index in cluster_flows {
+            problems.push(
+                format!("flows[{index}].deliver.cluster"),
+                "needs a `[cluster]` section (listeners, secret, topics)",
+            );
+        }
+        return;
+    };
+    match cluster_flows.as_slice() {
+        [] => problems.push(
+            "cluster",
+            "needs exactly one flow with `[flows.deliver.cluster]` (it delivers to processes and \
+             takes their upstream sends); there is none",
+        ),
+        [_] => {}
+        [_, second, ..] => problems.push(
+            format!("flows[{second}].deliver.cluster"),
+            "only one flow may deliver to the cluster",
+        ),
+    }
+    if !config.links.contains_key(&cluster.link) {
+        problems.push(
+            "cluster.link",
+            format!("`{}` is not a link in `[links]`", cluster.link),
+        );
+    }
+    if cluster.secret.chars().count() < MIN_SECRET_LEN {
+        problems.push(
+            "cluster.secret",
+            format!("must be at least {MIN_SECRET_LEN} characters (use `${{CLUSTER_SECRET}}`)"),
+        );
+    }
+    let mut topics = vec![
+        ("cluster.heartbeat_topic", &cluster.heartbeat_topic),
+        ("cluster.routes_topic", &cluster.routes_topic),
+    ];
+    if let Some(alarm) = &cluster.alarm_topic {
+        topics.push(("cluster.alarm_topic", alarm));
+    }
+    for (key, topic) in topics {
+        if let Some(problem) = topic_problem(topic) {
+            problems.push(key, problem);
+        }
+    }
+    for (key, value) in [
+        ("cluster.heartbeat_interval", cluster.heartbeat_interval),
+        ("cluster.keepalive", cluster.keepalive),
+        ("cluster.hello_timeout", cluster.hello_timeout),
+    ] {
+        if value.is_zero() {
+            problems.push(key, "must be more than zero");
+        }
+    }
+    if cluster.node_timeout < cluster.heartbeat_interval * 2 {
+        problems.push(
+            "cluster.node_timeout",
+            format!(
+                "must be at least twice `heartbeat_interval` ({:?}), or a single late heartbeat \
+                 declares a node dead",
+                cluster.heartbeat_interval
+            ),
+        );
+    }
+    for (key, value) in [
+        ("cluster.send_queue", cluster.send_queue),
+        ("cluster.max_unacked", cluster.max_unacked),
+    ] {
+        if value == 0 {
+            problems.push(key, "must be at least 1");
+        }
+    }
+    if !(1024..=64 * 1024 * 1024).contains(&cluster.max_frame_bytes) {
+        problems.push(
+            "cluster.max_frame_bytes",
+            "must be from 1024 (1 KiB) to 67108864 (64 MiB)",
+        );
+    }
+    let listeners = [
+        ("cluster.client_listen", cluster.client_listen),
+        ("cluster.mesh_listen", cluster.mesh_listen),
+        ("admin.listen", config.admin.listen),
+    ];
+    for (i, (key, addr)) in listeners.iter().enumerate() {
+        for (other, other_addr) in &listeners[..i] {
+            if addr == other_addr && addr.port() != 0 {
+                problems.push(*key, format!("is the same address as `{other}` ({addr})"));
+            }
+        }
+    }
 }
 
 /// Problems found so far.
@@ -432,8 +536,31 @@ fn check_flow(
             }
         }
     }
-    if let Some(DeliverConfig::App(app)) = &flow.deliver {
-        check_app(&format!("{key}.deliver.app"), app, problems);
+    match &flow.deliver {
+        Some(DeliverConfig::App(app)) => check_app(&format!("{key}.deliver.app"), app, problems),
+        Some(DeliverConfig::Cluster(target)) => {
+            if target.ttl.is_zero() {
+                problems.push(
+                    format!("{key}.deliver.cluster.ttl"),
+                    "must be more than zero",
+                );
+            }
+            if let Some(router) = &target.router {
+                let router_key = format!("{key}.deliver.cluster.router");
+                if !is_identifier(router) {
+                    problems.push(router_key, not_identifier("plugin name", router));
+                } else if plugin_files && !config.plugins.plugin_path(router).is_file() {
+                    problems.push(
+                        router_key,
+                        format!(
+                            "plugin file {} does not exist",
+                            config.plugins.plugin_path(router).display()
+                        ),
+                    );
+                }
+            }
+        }
+        None => {}
     }
     check_retry(&format!("{key}.retry"), &flow.retry, problems);
 }
@@ -651,10 +778,95 @@ url = "http://127.0.0.1:8080/calls"
         );
     }
 
+    fn cluster(config: &mut RelayConfig) -> &mut crate::config::ClusterConfig {
+        config.flows[0].deliver = Some(DeliverConfig::Cluster(crate::config::ClusterTarget {
+            router: None,
+            ttl: Duration::from_secs(30),
+        }));
+        let text = r#"
+link = "main"
+client_listen = "127.0.0.1:7000"
+mesh_listen = "127.0.0.1:7001"
+secret = "0123456789abcdef"
+"#;
+        config.cluster = Some(toml::from_str(text).unwrap());
+        config.cluster.as_mut().unwrap()
+    }
+
+    #[test]
+    fn a_cluster_flow_needs_a_cluster_and_a_cluster_a_flow() {
+        assert_eq!(
+            problems(|c| {
+                cluster(c);
+            }),
+            Vec::<String>::new()
+        );
+        assert_one(
+            problems(|c| {
+                cluster(c);
+                c.cluster = None;
+            }),
+            "flows[0].deliver.cluster",
+            "needs a `[cluster]`",
+        );
+        assert_one(
+            problems(|c| {
+                cluster(c);
+                c.flows[0].deliver = None;
+            }),
+            "cluster",
+            "exactly one flow",
+        );
+    }
+
+    #[test]
+    fn cluster_settings_are_checked() {
+        assert_one(
+            problems(|c| cluster(c).secret = "short".to_string()),
+            "cluster.secret",
+            "at least 16",
+        );
+        assert_one(
+            problems(|c| cluster(c).link = "other".to_string()),
+            "cluster.link",
+            "not a link",
+        );
+        assert_one(
+            problems(|c| cluster(c).node_timeout = Duration::from_millis(1500)),
+            "cluster.node_timeout",
+            "twice",
+        );
+        assert_one(
+            problems(|c| cluster(c).mesh_listen = "127.0.0.1:7000".parse().unwrap()),
+            "cluster.mesh_listen",
+            "same address as `cluster.client_listen`",
+        );
+        assert_one(
+            problems(|c| cluster(c).routes_topic = "bad topic".to_string()),
+            "cluster.routes_topic",
+            "not a valid Kafka topic name",
+        );
+        assert_one(
+            problems(|c| cluster(c).max_frame_bytes = 10),
+            "cluster.max_frame_bytes",
+            "1024",
+        );
+        assert_one(
+            problems(|c| {
+                cluster(c);
+                if let Some(DeliverConfig::Cluster(target)) = &mut c.flows[0].deliver {
+                    target.router = Some("no-such-router".to_string());
+                }
+            }),
+            "flows[0].deliver.cluster.router",
+            "does not exist",
+        );
+    }
+
     fn app(config: &mut RelayConfig) -> &mut AppTarget {
         match config.flows[0].deliver.as_mut() {
             Some(DeliverConfig::App(app)) => app,
-            None => panic!("no app target"),
+            _ => panic!("no app target"),
         }
     }
 

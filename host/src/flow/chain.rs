@@ -138,7 +138,7 @@ fn classify<T>(label: &str, error: PluginError) -> Attempt<T, ChainFailure> {
     }
 }
 
-fn to_plugin_message(input: &InputRecord, message: OutputRecord) -> Message {
+pub(crate) fn to_plugin_message(input: &InputRecord, message: OutputRecord) -> Message {
     Message {
         key: message.key,
         value: message.value,

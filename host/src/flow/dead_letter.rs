@@ -13,6 +13,11 @@ pub enum Stage {
     App,
     /// Producing the data-return or output record.
     Produce,
+    /// Naming the process of a cluster message: `router:<name>@<sha256>` or
+    /// `router:built-in`.
+    Route(String),
+    /// Delivery to a business process in the cluster.
+    Deliver,
 }
 
 impl std::fmt::Display for Stage {
@@ -21,6 +26,8 @@ impl std::fmt::Display for Stage {
             Stage::Plugin(label) => write!(f, "plugin:{label}"),
             Stage::App => f.write_str("app"),
             Stage::Produce => f.write_str("produce"),
+            Stage::Route(stage) => f.write_str(stage),
+            Stage::Deliver => f.write_str("deliver"),
         }
     }
 }

@@ -2,7 +2,10 @@
 //! flow's consumer):
 //!
 //! service-call chain → application (HTTP) → data-return chain → output
-//! topic, or for a transform flow (no application) chain → output topic.
+//! topic; for a cluster flow, service-call chain → router → the business
+//! process, wherever it is connected (its replies come back as upstream
+//! sends, see [`crate::cluster::upstream`]); for a transform flow (no
+//! target) chain → output topic.
 //! Anything that cannot get through goes to the dead-letter topic with the
 //! stage and reason; the input counts as finished only when every record it
 //! caused is acknowledged by Kafka (output or dead letter).
@@ -23,6 +26,7 @@ use super::app::AppClient;
 use super::chain::PluginChain;
 use super::dead_letter::{Stage, add_origin_headers, dead_letter_record};
 use super::retry::{Retried, retry};
+use crate::cluster::{ClusterDelivery, DeliveryEnd, ProcessRouter};
 use crate::config::RetryConfig;
 use crate::kafka::consumer::{Completion, MessageHandler, Outcome};
 use crate::kafka::producer::Delivered;
@@ -42,8 +46,8 @@ pub struct FlowHandler {
     pub node: String,
     /// Applied to each input.
     pub service_call: PluginChain,
-    /// Where service calls go; `None` for a transform flow.
-    pub app: Option<AppClient>,
+    /// Where service calls go.
+    pub target: Target,
     /// Applied to each data-return (or transform output).
     pub data_return: PluginChain,
     /// The flow's link: data-returns and dead letters go to its current cluster.
@@ -56,6 +60,28 @@ pub struct FlowHandler {
     pub retry: RetryConfig,
     /// The flow's counters.
     pub metrics: FlowMetrics,
+}
+
+/// Where a flow's service calls go.
+#[derive(Debug)]
+pub enum Target {
+    /// Nowhere: the flow is a transform (chain output to the output topic).
+    Transform,
+    /// The application beside the relay, over HTTP.
+    App(AppClient),
+    /// The business process each message names, in the cluster.
+    Cluster {
+        /// Names the process.
+        router: ProcessRouter,
+        /// Delivers to it.
+        delivery: Arc<ClusterDelivery>,
+    },
+}
+
+/// A cluster delivery in flight: the message and its outcome.
+struct PendingDelivery {
+    call: OutputRecord,
+    end: BoxFuture<'static, DeliveryEnd>,
 }
 
 /// A produce that is in flight: the record, where to, and its acknowledgement.
@@ -128,9 +154,10 @@ impl FlowHandler {
             ChainRun::Aborted => return abandoned(),
         };
 
-        let returns = match &self.app {
-            None => calls,
-            Some(app) => {
+        let mut deliveries: Vec<PendingDelivery> = Vec::new();
+        let returns = match &self.target {
+            Target::Transform => calls,
+            Target::App(app) => {
                 let mut returns = Vec::new();
                 for call in calls {
                     let retried = retry(
@@ -159,6 +186,25 @@ impl FlowHandler {
                     }
                 }
                 returns
+            }
+            Target::Cluster { router, delivery } => {
+                for call in calls {
+                    match router.route(&input, &call).await {
+                        Ok(process_id) => {
+                            let end =
+                                delivery.start(process_id, &input, call.clone(), abort.clone());
+                            deliveries.push(PendingDelivery { call, end });
+                        }
+                        Err(failure) => dead_letters.push(self.dead_letter(
+                            call,
+                            &input,
+                            &Stage::Route(failure.stage),
+                            &failure.reason,
+                        )),
+                    }
+                }
+                // Replies come back as upstream sends, not here.
+                Vec::new()
             }
         };
 
@@ -204,7 +250,25 @@ impl FlowHandler {
             }
         }
         let flow = self.clone();
-        async move { flow.complete(input, in_flight, abort).await }.boxed()
+        async move {
+            for delivery in deliveries {
+                match delivery.end.await {
+                    DeliveryEnd::Delivered => {
+                        flow.metrics.delivered.inc();
+                    }
+                    DeliveryEnd::Aborted => return Outcome::Abandoned,
+                    DeliveryEnd::GaveUp(reason) => {
+                        let record =
+                            flow.dead_letter(delivery.call, &input, &Stage::Deliver, &reason);
+                        if !flow.write_dead_letter(record, &abort).await {
+                            return Outcome::Abandoned;
+                        }
+                    }
+                }
+            }
+            flow.complete(input, in_flight, abort).await
+        }
+        .boxed()
     }
 
     /// Runs a chain with retries; a failure becomes a dead letter of the

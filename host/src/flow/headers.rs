@@ -44,3 +44,8 @@ pub const DLQ_FLOW: &str = "wasmrelay-dlq-flow";
 pub const DLQ_TIME_MS: &str = "wasmrelay-dlq-time-ms";
 /// Dead letters: the node that gave up.
 pub const DLQ_NODE: &str = "wasmrelay-dlq-node";
+
+/// Upstream records from business processes: the process that sent it.
+pub const ORIGIN_PROCESS: &str = "wasmrelay-origin-process";
+/// Upstream records: the node the process was connected to.
+pub const ORIGIN_NODE: &str = "wasmrelay-origin-node";

@@ -1,0 +1,152 @@
+//! Delivering a message to its business process wherever it is connected,
+//! with retries until a time to live, then a verdict for the dead-letter
+//! topic.
+//!
+//! The first attempt is made at once, in the caller's order (so deliveries
+//! to one process keep their partition order when nothing fails); waiting
+//! for the acknowledgement, and any retry, happen in the returned future.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use futures::FutureExt as _;
+use futures::future::BoxFuture;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+use wasmrelay_protocol::v1;
+
+use crate::gateway::{DeliveryResult, Gateway};
+use crate::kafka::{InputRecord, OutputRecord};
+
+/// How a delivery ended.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum DeliveryEnd {
+    /// The process acknowledged it.
+    Delivered,
+    /// Every attempt failed until the time to live ran out; the last reason.
+    GaveUp(String),
+    /// The work was aborted (shutdown, partition revoked): it will be
+    /// consumed again.
+    Aborted,
+}
+
+/// Retry pacing of cluster deliveries.
+#[derive(Clone, Debug)]
+pub struct DeliveryPolicy {
+    /// How long a message is retried before it is dead-lettered.
+    pub ttl: Duration,
+    /// First wait after a failed attempt.
+    pub initial_backoff: Duration,
+    /// Longest wait between attempts.
+    pub max_backoff: Duration,
+}
+
+/// Delivers messages to processes in the cluster.
+#[derive(Debug)]
+pub struct ClusterDelivery {
+    gateway: Arc<Gateway>,
+    policy: DeliveryPolicy,
+}
+
+type Attempt = BoxFuture<'static, Result<(), String>>;
+
+impl ClusterDelivery {
+    /// Delivers through `gateway` (processes connected to this node).
+    pub fn new(gateway: Arc<Gateway>, policy: DeliveryPolicy) -> Arc<ClusterDelivery> {
+        Arc::new(ClusterDelivery { gateway, policy })
+    }
+
+    /// Makes the first attempt now and returns the future of the final
+    /// outcome.
+    pub fn start(
+        self: &Arc<Self>,
+        process_id: String,
+        input: &InputRecord,
+        message: OutputRecord,
+        abort: CancellationToken,
+    ) -> BoxFuture<'static, DeliveryEnd> {
+        let delivery_id = input.delivery_id();
+        let message = to_wire(input, message);
+        let first = self.attempt(&process_id, &delivery_id, &message);
+        let this = self.clone();
+        async move {
+            let deadline = Instant::now() + this.policy.ttl;
+            let mut backoff = this.policy.initial_backoff;
+            let mut attempt = first;
+            let mut attempts = 1u32;
+            loop {
+                let result = tokio::select! {
+                    _ = abort.cancelled() => return DeliveryEnd::Aborted,
+                    result = &mut attempt => result,
+                };
+                let reason = match result {
+                    Ok(()) => return DeliveryEnd::Delivered,
+                    Err(reason) => reason,
+                };
+                if Instant::now() + backoff > deadline {
+                    return DeliveryEnd::GaveUp(format!(
+                        "{reason} (time to live {:?} spent after {attempts} attempts)",
+                        this.policy.ttl
+                    ));
+                }
+                tracing::debug!(process = %process_id, %delivery_id, %reason, retry_in = ?backoff, "delivery failed; retrying");
+                tokio::select! {
+                    _ = abort.cancelled() => return DeliveryEnd::Aborted,
+                    _ = tokio::time::sleep(backoff) => {}
+                }
+                backoff = (backoff * 2).min(this.policy.max_backoff);
+                attempts += 1;
+                attempt = this.attempt(&process_id, &delivery_id, &message);
+            }
+        }
+        .boxed()
+    }
+
+    /// One attempt: hand the message to the process's connection and wait
+    /// for its answer.
+    fn attempt(&self, process_id: &str, delivery_id: &str, message: &v1::Message) -> Attempt {
+        match self
+            .gateway
+            .deliver(process_id, delivery_id.to_string(), message.clone())
+        {
+            Ok(answer) => async move {
+                match answer.await {
+                    Ok(DeliveryResult::Acked) => Ok(()),
+                    Ok(DeliveryResult::Nacked(reason)) => {
+                        Err(format!("the process refused it: {reason}"))
+                    }
+                    Ok(DeliveryResult::Lost(reason)) => Err(format!(
+                        "the process's connection ended before it acked: {reason}"
+                    )),
+                    Err(_) => Err("the process's connection ended".to_string()),
+                }
+            }
+            .boxed(),
+            Err(not_here) => {
+                let reason = format!("{not_here} (nor known elsewhere in the cluster)");
+                async move { Err(reason) }.boxed()
+            }
+        }
+    }
+}
+
+/// The wire form of a message (its origin from `input`).
+pub fn to_wire(input: &InputRecord, message: OutputRecord) -> v1::Message {
+    v1::Message {
+        key: message.key.map(Bytes::from),
+        value: message.value.map(Bytes::from).unwrap_or_default(),
+        headers: message
+            .headers
+            .into_iter()
+            .map(|(name, value)| v1::Header {
+                name,
+                value: Bytes::from(value),
+            })
+            .collect(),
+        topic: input.topic.clone(),
+        partition: input.partition,
+        offset: input.offset,
+        timestamp_ms: input.timestamp_ms.unwrap_or(-1),
+    }
+}

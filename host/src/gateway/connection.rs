@@ -1,0 +1,306 @@
+//! One client connection, from its first byte to its close: the Hello
+//! handshake, then a reader (acks, nacks, upstream sends, pings) and a
+//! writer (deliveries and answers from the session's bounded queue), and
+//! the last word to the client (`Replaced` or `Error`) when the node ends
+//! the session.
+//!
+//! Anything a client sends that is not a valid frame, or not allowed at that
+//! point, gets an `Error` frame naming the problem and the connection is
+//! closed; the node and its other connections are not affected.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::stream::SplitSink;
+use futures::{SinkExt as _, StreamExt as _};
+use tokio::net::TcpStream;
+use tokio::sync::{Semaphore, mpsc};
+use tokio_util::codec::Framed;
+use tokio_util::sync::CancellationToken;
+use wasmrelay_protocol::v1::{self, ErrorCode};
+use wasmrelay_protocol::{CodecError, Frame, FrameCodec, Kind, PROTOCOL_VERSION};
+
+use super::Gateway;
+use super::session::{DeliveryResult, Ending, Session};
+
+/// How long the last frame to a closing client may take to go out.
+const FAREWELL_TIMEOUT: Duration = Duration::from_secs(1);
+/// Frames written before the socket is flushed, when more are queued.
+const WRITE_BATCH: usize = 64;
+
+type Sink = SplitSink<Framed<TcpStream, FrameCodec>, Frame>;
+
+/// Serves one accepted connection until it ends.
+pub(crate) async fn serve_connection(
+    gateway: Arc<Gateway>,
+    stream: TcpStream,
+    peer: SocketAddr,
+    shutdown: CancellationToken,
+) {
+    let _ = stream.set_nodelay(true);
+    let options = gateway.options().clone();
+    let mut framed = Framed::new(stream, FrameCodec::new(options.max_frame_bytes));
+
+    let hello = match tokio::time::timeout(options.hello_timeout, framed.next()).await {
+        Err(_) => {
+            let reason = format!("no Hello within {:?}", options.hello_timeout);
+            refuse(&gateway, &mut framed, peer, ErrorCode::IdleTimeout, reason).await;
+            return;
+        }
+        Ok(None) => return,
+        Ok(Some(Err(error))) => {
+            codec_failure(&gateway, &mut framed, peer, error).await;
+            return;
+        }
+        Ok(Some(Ok(frame))) => match frame.kind {
+            Some(Kind::Hello(hello)) => hello,
+            _ => {
+                let reason = format!("the first frame must be a Hello, not {}", frame.kind_name());
+                refuse(
+                    &gateway,
+                    &mut framed,
+                    peer,
+                    ErrorCode::ProtocolViolation,
+                    reason,
+                )
+                .await;
+                return;
+            }
+        },
+    };
+    if hello.protocol_version != PROTOCOL_VERSION {
+        let reason = format!(
+            "this node speaks protocol version {PROTOCOL_VERSION}; the client sent version {}",
+            hello.protocol_version
+        );
+        refuse(
+            &gateway,
+            &mut framed,
+            peer,
+            ErrorCode::UnsupportedVersion,
+            reason,
+        )
+        .await;
+        return;
+    }
+    if let Err(problem) = wasmrelay_protocol::check_process_id(&hello.process_id) {
+        refuse(
+            &gateway,
+            &mut framed,
+            peer,
+            ErrorCode::BadProcessId,
+            problem,
+        )
+        .await;
+        return;
+    }
+
+    let (outbound_tx, outbound_rx) = mpsc::channel(options.send_queue);
+    let session = Arc::new(Session::new(
+        hello.process_id.clone(),
+        gateway.next_connection_id(),
+        peer.to_string(),
+        outbound_tx,
+        options.max_unacked,
+    ));
+    let welcome = Frame::of(Kind::Welcome(v1::Welcome {
+        protocol_version: PROTOCOL_VERSION,
+        node_id: options.node_id.clone(),
+        keepalive_ms: u32::try_from(options.keepalive.as_millis()).unwrap_or(u32::MAX),
+        max_frame_bytes: u32::try_from(options.max_frame_bytes).unwrap_or(u32::MAX),
+        max_unacked: u32::try_from(options.max_unacked).unwrap_or(u32::MAX),
+    }));
+    if framed.send(welcome).await.is_err() {
+        return;
+    }
+    gateway.register(session.clone());
+    tracing::debug!(process = %hello.process_id, %peer, client = %hello.client_name, "process registered");
+
+    let (sink, mut frames) = framed.split();
+    let writer = tokio::spawn(write_frames(sink, outbound_rx, session.clone()));
+    let idle_timeout = options.keepalive * 3;
+    let sends = Arc::new(Semaphore::new(options.max_unacked));
+    loop {
+        let next = tokio::select! {
+            _ = session.closed().cancelled() => break,
+            _ = shutdown.cancelled() => {
+                session.close(ErrorCode::ShuttingDown, "the node is shutting down; connect to another".to_string());
+                break;
+            }
+            next = tokio::time::timeout(idle_timeout, frames.next()) => next,
+        };
+        let frame = match next {
+            Err(_) => {
+                session.close(
+                    ErrorCode::IdleTimeout,
+                    format!(
+                        "nothing received for {idle_timeout:?} (send a Ping at least every {:?})",
+                        options.keepalive
+                    ),
+                );
+                break;
+            }
+            Ok(None) => {
+                session.end(Ending::ClientGone(
+                    "the client closed the connection".to_string(),
+                ));
+                break;
+            }
+            Ok(Some(Err(error))) => {
+                gateway.stats().protocol_error();
+                tracing::info!(process = %session.process_id(), %peer, %error, "bad bytes from a client; closing its connection");
+                match error.code() {
+                    Some(code) => session.close(code, error.to_string()),
+                    None => session.end(Ending::ClientGone(error.to_string())),
+                }
+                break;
+            }
+            Ok(Some(Ok(frame))) => frame,
+        };
+        if let Err((code, reason)) = handle_frame(&gateway, &session, frame, &sends).await {
+            gateway.stats().protocol_error();
+            tracing::info!(process = %session.process_id(), %peer, %reason, "protocol violation; closing the connection");
+            session.close(code, reason);
+            break;
+        }
+    }
+    gateway.unregister(&session);
+    let reason = session.ending().map_or_else(
+        || "the connection ended".to_string(),
+        |e| e.reason().to_string(),
+    );
+    session.fail_pending(&reason);
+    let _ = writer.await;
+    tracing::debug!(process = %session.process_id(), %peer, %reason, "process connection closed");
+}
+
+/// Acts on one frame from a registered client; `Err` closes the connection.
+async fn handle_frame(
+    gateway: &Arc<Gateway>,
+    session: &Arc<Session>,
+    frame: Frame,
+    sends: &Arc<Semaphore>,
+) -> Result<(), (ErrorCode, String)> {
+    match frame.kind {
+        Some(Kind::Ack(ack)) => answer(session, ack.seq, DeliveryResult::Acked, "Ack"),
+        Some(Kind::Nack(nack)) => answer(
+            session,
+            nack.seq,
+            DeliveryResult::Nacked(nack.reason),
+            "Nack",
+        ),
+        Some(Kind::Ping(ping)) => {
+            session.send_frame(Frame::of(Kind::Pong(v1::Pong { nonce: ping.nonce })));
+            Ok(())
+        }
+        Some(Kind::Pong(_)) => Ok(()),
+        Some(Kind::Send(send)) => {
+            // Back-pressure: at most `max_unacked` sends of one client in flight.
+            let Ok(permit) = sends.clone().acquire_owned().await else {
+                return Ok(());
+            };
+            let seq = send.seq;
+            let upstream = gateway.upstream().send(session.process_id(), send);
+            let session = session.clone();
+            tokio::spawn(async move {
+                let result = upstream.await;
+                drop(permit);
+                let (ok, error) = match result {
+                    Ok(()) => (true, String::new()),
+                    Err(error) => (false, error),
+                };
+                session.send_frame(Frame::of(Kind::SendAck(v1::SendAck { seq, ok, error })));
+            });
+            Ok(())
+        }
+        Some(other) => Err((
+            ErrorCode::ProtocolViolation,
+            format!("a client may not send {} frames after Hello", other.name()),
+        )),
+        None => Err((ErrorCode::BadFrame, "a frame without a kind".to_string())),
+    }
+}
+
+fn answer(
+    session: &Session,
+    seq: u64,
+    result: DeliveryResult,
+    what: &str,
+) -> Result<(), (ErrorCode, String)> {
+    if session.answer(seq, result) {
+        Ok(())
+    } else {
+        Err((
+            ErrorCode::ProtocolViolation,
+            format!("{what} for delivery {seq}, which is not awaiting an answer"),
+        ))
+    }
+}
+
+/// Writes the session's queued frames, flushing when the queue runs dry;
+/// when the session ends, writes the last word (`Replaced` or `Error`) and
+/// closes the socket.
+async fn write_frames(mut sink: Sink, mut outbound: mpsc::Receiver<Frame>, session: Arc<Session>) {
+    'outer: loop {
+        let frame = tokio::select! {
+            biased;
+            _ = session.closed().cancelled() => break,
+            frame = outbound.recv() => match frame {
+                Some(frame) => frame,
+                None => break,
+            },
+        };
+        if sink.feed(frame).await.is_err() {
+            break;
+        }
+        for _ in 1..WRITE_BATCH {
+            match outbound.try_recv() {
+                Ok(frame) => {
+                    if sink.feed(frame).await.is_err() {
+                        break 'outer;
+                    }
+                }
+                Err(_) => break,
+            }
+        }
+        if sink.flush().await.is_err() {
+            break;
+        }
+    }
+    let last_word = match session.ending() {
+        Some(Ending::Replaced(reason)) => Some(Frame::of(Kind::Replaced(v1::Replaced { reason }))),
+        Some(Ending::Error(code, reason)) => Some(Frame::error(code, reason)),
+        Some(Ending::ClientGone(_)) | None => None,
+    };
+    if let Some(frame) = last_word {
+        let _ = tokio::time::timeout(FAREWELL_TIMEOUT, sink.send(frame)).await;
+    }
+    let _ = tokio::time::timeout(FAREWELL_TIMEOUT, sink.close()).await;
+}
+
+/// Answers a connection that never registered with `Error` and closes it.
+async fn refuse(
+    gateway: &Gateway,
+    framed: &mut Framed<TcpStream, FrameCodec>,
+    peer: SocketAddr,
+    code: ErrorCode,
+    reason: String,
+) {
+    gateway.stats().protocol_error();
+    tracing::info!(%peer, ?code, %reason, "refusing a client connection");
+    let _ = tokio::time::timeout(FAREWELL_TIMEOUT, framed.send(Frame::error(code, reason))).await;
+    let _ = tokio::time::timeout(FAREWELL_TIMEOUT, framed.close()).await;
+}
+
+async fn codec_failure(
+    gateway: &Gateway,
+    framed: &mut Framed<TcpStream, FrameCodec>,
+    peer: SocketAddr,
+    error: CodecError,
+) {
+    match error.code() {
+        Some(code) => refuse(gateway, framed, peer, code, error.to_string()).await,
+        None => tracing::debug!(%peer, %error, "client connection ended before its Hello"),
+    }
+}

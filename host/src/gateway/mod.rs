@@ -1,0 +1,297 @@
+//! The gateway: the TCP listener business processes connect to, and the
+//! table of processes registered on this node.
+//!
+//! A process connects, says Hello with its process id, and is Welcomed; from
+//! then on the node delivers messages for that id to it ([`Gateway::deliver`])
+//! and takes its upstream sends ([`Upstream`]). An id that registers again
+//! replaces the older connection, which is told why. Registrations and
+//! unregistrations are reported as [`RegistrationEvent`]s, which the cluster
+//! publishes to the route table.
+//!
+//! Owns: accepting, the per-connection protocol ([`connection`]), and the
+//! per-process session state ([`session`]). Does not own routing between
+//! nodes or Kafka.
+
+mod connection;
+pub mod session;
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use futures::future::BoxFuture;
+use tokio::net::TcpListener;
+use tokio::sync::{mpsc, oneshot};
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+use wasmrelay_protocol::v1;
+
+pub use session::{DeliverError, DeliveryResult, Ending, Session};
+
+/// How the gateway treats connections.
+#[derive(Clone, Debug)]
+pub struct GatewayOptions {
+    /// This node's id (in `Welcome`).
+    pub node_id: String,
+    /// Clients send something at least this often; a connection silent for
+    /// three times this is closed.
+    pub keepalive: Duration,
+    /// How long a new connection may take to send its Hello.
+    pub hello_timeout: Duration,
+    /// Frames queued for one connection before it counts as too slow.
+    pub send_queue: usize,
+    /// Deliveries one connection may leave unanswered before it counts as
+    /// too slow; also the most upstream sends of one connection in flight.
+    pub max_unacked: usize,
+    /// Largest frame accepted or sent.
+    pub max_frame_bytes: usize,
+}
+
+impl Default for GatewayOptions {
+    fn default() -> Self {
+        GatewayOptions {
+            node_id: "node".to_string(),
+            keepalive: Duration::from_secs(10),
+            hello_timeout: Duration::from_secs(10),
+            send_queue: 1024,
+            max_unacked: 1024,
+            max_frame_bytes: wasmrelay_protocol::DEFAULT_MAX_FRAME_BYTES,
+        }
+    }
+}
+
+/// Where upstream sends of processes go (the cluster flow's data-return
+/// chain and output topic). Resolves when the message is safely in Kafka.
+pub trait Upstream: Send + Sync + 'static {
+    /// Handles one `Send` of `process_id`; `Err` is the reason sent back.
+    fn send(&self, process_id: &str, send: v1::Send) -> BoxFuture<'static, Result<(), String>>;
+}
+
+/// A change in which processes are registered here.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum RegistrationEvent {
+    /// `process_id` registered here (on connection `connection_id`).
+    Registered {
+        /// The process.
+        process_id: String,
+        /// The connection.
+        connection_id: u64,
+    },
+    /// The connection of `process_id` ended and no newer one replaced it.
+    Unregistered {
+        /// The process.
+        process_id: String,
+        /// The connection that ended.
+        connection_id: u64,
+    },
+}
+
+/// Counters of the gateway, read by metrics and the admin API.
+#[derive(Debug, Default)]
+pub struct GatewayStats {
+    accepted: AtomicU64,
+    protocol_errors: AtomicU64,
+    replaced: AtomicU64,
+}
+
+impl GatewayStats {
+    fn protocol_error(&self) {
+        self.protocol_errors.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Connections accepted since start.
+    pub fn accepted(&self) -> u64 {
+        self.accepted.load(Ordering::Relaxed)
+    }
+
+    /// Connections closed for bad frames or protocol violations.
+    pub fn protocol_errors(&self) -> u64 {
+        self.protocol_errors.load(Ordering::Relaxed)
+    }
+
+    /// Connections replaced by a newer one with the same process id.
+    pub fn replaced(&self) -> u64 {
+        self.replaced.load(Ordering::Relaxed)
+    }
+}
+
+/// The processes connected to this node.
+pub struct Gateway {
+    options: GatewayOptions,
+    sessions: Mutex<HashMap<String, Arc<Session>>>,
+    next_connection: AtomicU64,
+    upstream: Arc<dyn Upstream>,
+    events: Option<mpsc::UnboundedSender<RegistrationEvent>>,
+    stats: GatewayStats,
+}
+
+impl std::fmt::Debug for Gateway {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Gateway")
+            .field("node_id", &self.options.node_id)
+            .field("connections", &self.connection_count())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Gateway {
+    /// A gateway whose upstream sends go to `upstream` and whose
+    /// registrations are reported on `events` (if given).
+    pub fn new(
+        options: GatewayOptions,
+        upstream: Arc<dyn Upstream>,
+        events: Option<mpsc::UnboundedSender<RegistrationEvent>>,
+    ) -> Arc<Gateway> {
+        Arc::new(Gateway {
+            options,
+            sessions: Mutex::new(HashMap::new()),
+            next_connection: AtomicU64::new(1),
+            upstream,
+            events,
+            stats: GatewayStats::default(),
+        })
+    }
+
+    /// Accepts connections on `listener` until `shutdown`; then every
+    /// connection is told the node is shutting down, and this returns when
+    /// they have all closed.
+    pub async fn serve(self: Arc<Self>, listener: TcpListener, shutdown: CancellationToken) {
+        let connections = TaskTracker::new();
+        loop {
+            let accepted = tokio::select! {
+                _ = shutdown.cancelled() => break,
+                accepted = listener.accept() => accepted,
+            };
+            match accepted {
+                Ok((stream, peer)) => {
+                    self.stats.accepted.fetch_add(1, Ordering::Relaxed);
+                    connections.spawn(connection::serve_connection(
+                        self.clone(),
+                        stream,
+                        peer,
+                        shutdown.clone(),
+                    ));
+                }
+                Err(error) => {
+                    // Out of file descriptors and the like: wait, do not spin.
+                    tracing::warn!(%error, "accepting a client connection failed");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+            }
+        }
+        connections.close();
+        connections.wait().await;
+    }
+
+    /// Hands a message to the process `process_id` connected here, in order
+    /// with every other delivery to it; the receiver resolves when the
+    /// process answers or its connection ends.
+    pub fn deliver(
+        &self,
+        process_id: &str,
+        delivery_id: String,
+        message: v1::Message,
+    ) -> Result<oneshot::Receiver<DeliveryResult>, DeliverError> {
+        let session = self
+            .session(process_id)
+            .ok_or_else(|| DeliverError::NotHere(process_id.to_string()))?;
+        Ok(session.deliver(delivery_id, message))
+    }
+
+    /// The session of `process_id`, if it is connected here.
+    pub fn session(&self, process_id: &str) -> Option<Arc<Session>> {
+        self.lock_sessions().get(process_id).cloned()
+    }
+
+    /// Processes connected here.
+    pub fn connection_count(&self) -> usize {
+        self.lock_sessions().len()
+    }
+
+    /// Ends the session of `process_id` because it registered elsewhere
+    /// (another node holds the newer connection).
+    pub fn replace_local(&self, process_id: &str, reason: String) {
+        if let Some(session) = self.session(process_id) {
+            self.stats.replaced.fetch_add(1, Ordering::Relaxed);
+            session.replace(reason);
+        }
+    }
+
+    /// The gateway's options.
+    pub fn options(&self) -> &GatewayOptions {
+        &self.options
+    }
+
+    /// The gateway's counters.
+    pub fn stats(&self) -> &GatewayStats {
+        &self.stats
+    }
+
+    fn upstream(&self) -> &Arc<dyn Upstream> {
+        &self.upstream
+    }
+
+    fn next_connection_id(&self) -> u64 {
+        self.next_connection.fetch_add(1, Ordering::Relaxed)
+    }
+
+    /// Registers a new session; an older one of the same process is
+    /// replaced.
+    fn register(&self, session: Arc<Session>) {
+        let older = self
+            .lock_sessions()
+            .insert(session.process_id().to_string(), session.clone());
+        if let Some(older) = older {
+            self.stats.replaced.fetch_add(1, Ordering::Relaxed);
+            older.replace(format!(
+                "process `{}` registered again from {} on node {}",
+                session.process_id(),
+                session.peer(),
+                self.options.node_id
+            ));
+        }
+        self.report(RegistrationEvent::Registered {
+            process_id: session.process_id().to_string(),
+            connection_id: session.connection_id(),
+        });
+    }
+
+    /// Removes a session that ended, unless a newer one replaced it.
+    fn unregister(&self, session: &Session) {
+        let removed = {
+            let mut sessions = self.lock_sessions();
+            match sessions.get(session.process_id()) {
+                Some(current) if current.connection_id() == session.connection_id() => {
+                    sessions.remove(session.process_id());
+                    true
+                }
+                _ => false,
+            }
+        };
+        if removed {
+            self.report(RegistrationEvent::Unregistered {
+                process_id: session.process_id().to_string(),
+                connection_id: session.connection_id(),
+            });
+        }
+    }
+
+    fn report(&self, event: RegistrationEvent) {
+        if let Some(events) = &self.events {
+            let _ = events.send(event);
+        }
+    }
+
+    fn lock_sessions(&self) -> std::sync::MutexGuard<'_, HashMap<String, Arc<Session>>> {
+        self.sessions.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+/// Binds the client listener, with a clear error naming the address.
+pub async fn bind(addr: SocketAddr) -> anyhow::Result<TcpListener> {
+    TcpListener::bind(addr)
+        .await
+        .map_err(|e| anyhow::anyhow!("binding the client listener on {addr}: {e}"))
+}

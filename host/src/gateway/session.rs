@@ -1,0 +1,260 @@
+//! One registered business process as the rest of the node sees it: a
+//! bounded queue of frames to its connection, and the deliveries it has not
+//! acknowledged yet, each waiting on a oneshot for its outcome.
+//!
+//! Ending a session (connection closed, replaced, too slow, node shutting
+//! down) resolves every pending delivery as [`DeliveryResult::Lost`], so the
+//! caller retries it through the cluster: nothing waits forever and nothing
+//! is dropped silently.
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use tokio::sync::{mpsc, oneshot};
+use tokio_util::sync::CancellationToken;
+use wasmrelay_protocol::v1::{self, ErrorCode};
+use wasmrelay_protocol::{Frame, Kind};
+
+/// How a delivery to a process ended.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum DeliveryResult {
+    /// The process acknowledged it.
+    Acked,
+    /// The process refused it, with its reason.
+    Nacked(String),
+    /// The connection ended before an answer; deliver it again (wherever
+    /// the process is now).
+    Lost(String),
+}
+
+/// Why a delivery could not even be handed to the session.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum DeliverError {
+    /// No process with this id is connected to this node.
+    #[error("process `{0}` is not connected to this node")]
+    NotHere(String),
+}
+
+/// Why the node ends a session.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Ending {
+    /// The same process id registered again (here or on another node); the
+    /// client is sent `Replaced`.
+    Replaced(String),
+    /// The client is sent `Error{code, reason}`.
+    Error(ErrorCode, String),
+    /// The client closed the connection or it broke: nobody to tell.
+    ClientGone(String),
+}
+
+impl Ending {
+    /// Why, in words.
+    pub fn reason(&self) -> &str {
+        match self {
+            Ending::Replaced(reason) | Ending::Error(_, reason) | Ending::ClientGone(reason) => {
+                reason
+            }
+        }
+    }
+}
+
+/// A registered process's connection, shared by the connection task and
+/// the senders of deliveries.
+#[derive(Debug)]
+pub struct Session {
+    process_id: String,
+    connection_id: u64,
+    peer: String,
+    outbound: mpsc::Sender<Frame>,
+    pending: Mutex<Option<HashMap<u64, oneshot::Sender<DeliveryResult>>>>,
+    next_seq: AtomicU64,
+    max_unacked: usize,
+    closed: CancellationToken,
+    ending: Mutex<Option<Ending>>,
+}
+
+impl Session {
+    pub(crate) fn new(
+        process_id: String,
+        connection_id: u64,
+        peer: String,
+        outbound: mpsc::Sender<Frame>,
+        max_unacked: usize,
+    ) -> Session {
+        Session {
+            process_id,
+            connection_id,
+            peer,
+            outbound,
+            pending: Mutex::new(Some(HashMap::new())),
+            next_seq: AtomicU64::new(1),
+            max_unacked,
+            closed: CancellationToken::new(),
+            ending: Mutex::new(None),
+        }
+    }
+
+    /// The registered process id.
+    pub fn process_id(&self) -> &str {
+        &self.process_id
+    }
+
+    /// Unique per connection on this node.
+    pub fn connection_id(&self) -> u64 {
+        self.connection_id
+    }
+
+    /// The peer's address.
+    pub fn peer(&self) -> &str {
+        &self.peer
+    }
+
+    /// Deliveries sent and not yet answered.
+    pub fn unacked(&self) -> usize {
+        self.lock_pending().as_ref().map_or(0, HashMap::len)
+    }
+
+    /// Queues a delivery, in order with every other frame to this process,
+    /// and returns where its outcome will arrive. A process that has more
+    /// than `max_unacked` deliveries outstanding, or whose queue is full, is
+    /// too slow: its session ends with `SLOW_CONSUMER` and every pending
+    /// delivery, this one included, resolves as lost.
+    pub fn deliver(
+        &self,
+        delivery_id: String,
+        message: v1::Message,
+    ) -> oneshot::Receiver<DeliveryResult> {
+        let (tx, rx) = oneshot::channel();
+        let seq = self.next_seq.fetch_add(1, Ordering::Relaxed);
+        let mut pending = self.lock_pending();
+        let Some(map) = pending.as_mut() else {
+            let _ = tx.send(DeliveryResult::Lost(self.reason_closed()));
+            return rx;
+        };
+        if map.len() >= self.max_unacked {
+            drop(pending);
+            let _ = tx.send(DeliveryResult::Lost("the process is too slow".to_string()));
+            self.close(
+                ErrorCode::SlowConsumer,
+                format!(
+                    "{} deliveries unacknowledged (at most {} allowed)",
+                    self.max_unacked, self.max_unacked
+                ),
+            );
+            return rx;
+        }
+        let frame = Frame::of(Kind::Deliver(v1::Deliver {
+            seq,
+            delivery_id,
+            message: Some(message),
+        }));
+        match self.outbound.try_send(frame) {
+            Ok(()) => {
+                map.insert(seq, tx);
+            }
+            Err(error) => {
+                drop(pending);
+                let _ = tx.send(DeliveryResult::Lost("the process is too slow".to_string()));
+                if matches!(error, mpsc::error::TrySendError::Full(_)) {
+                    self.close(
+                        ErrorCode::SlowConsumer,
+                        "the send queue is full: deliveries are not read fast enough".to_string(),
+                    );
+                }
+            }
+        }
+        rx
+    }
+
+    /// Resolves delivery `seq` (from the process's Ack or Nack). False when
+    /// no such delivery is pending (a protocol violation by the client).
+    pub(crate) fn answer(&self, seq: u64, result: DeliveryResult) -> bool {
+        let sender = self
+            .lock_pending()
+            .as_mut()
+            .and_then(|map| map.remove(&seq));
+        match sender {
+            Some(sender) => {
+                let _ = sender.send(result);
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Queues a frame that is not a delivery (SendAck, Pong); false when the
+    /// queue is full or closed (the session is then ended as too slow).
+    pub(crate) fn send_frame(&self, frame: Frame) -> bool {
+        match self.outbound.try_send(frame) {
+            Ok(()) => true,
+            Err(mpsc::error::TrySendError::Full(_)) => {
+                self.close(
+                    ErrorCode::SlowConsumer,
+                    "the send queue is full: frames are not read fast enough".to_string(),
+                );
+                false
+            }
+            Err(mpsc::error::TrySendError::Closed(_)) => false,
+        }
+    }
+
+    /// Ends the session with `Error{code, reason}` to the client.
+    pub fn close(&self, code: ErrorCode, reason: String) {
+        self.end(Ending::Error(code, reason));
+    }
+
+    /// Ends the session because the same process id registered again.
+    pub fn replace(&self, reason: String) {
+        self.end(Ending::Replaced(reason));
+    }
+
+    /// Ends the session: the connection task tells the client why and
+    /// closes. Idempotent; the first reason wins.
+    pub fn end(&self, ending: Ending) {
+        {
+            let mut slot = self.lock_ending();
+            if slot.is_some() {
+                return;
+            }
+            *slot = Some(ending);
+        }
+        self.closed.cancel();
+    }
+
+    /// Cancelled when the session must end.
+    pub(crate) fn closed(&self) -> &CancellationToken {
+        &self.closed
+    }
+
+    /// Why the node ended the session, if it did.
+    pub(crate) fn ending(&self) -> Option<Ending> {
+        self.lock_ending().clone()
+    }
+
+    /// Resolves every pending delivery as lost; later deliveries resolve
+    /// as lost at once. Called by the connection task when it ends.
+    pub(crate) fn fail_pending(&self, reason: &str) {
+        let pending = self.lock_pending().take();
+        for (_, sender) in pending.into_iter().flatten() {
+            let _ = sender.send(DeliveryResult::Lost(reason.to_string()));
+        }
+    }
+
+    fn reason_closed(&self) -> String {
+        self.lock_ending().as_ref().map_or_else(
+            || "the connection ended".to_string(),
+            |e| e.reason().to_string(),
+        )
+    }
+
+    fn lock_pending(
+        &self,
+    ) -> std::sync::MutexGuard<'_, Option<HashMap<u64, oneshot::Sender<DeliveryResult>>>> {
+        self.pending.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn lock_ending(&self) -> std::sync::MutexGuard<'_, Option<Ending>> {
+        self.ending.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}

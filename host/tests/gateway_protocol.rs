@@ -1,0 +1,403 @@
+//! The gateway over real TCP, driven by raw frames: registration, delivery
+//! and acknowledgement, replacement, keepalive, slow consumers, and every
+//! kind of bad input a client can send, while another client goes on being
+//! served.
+
+#![allow(clippy::unwrap_used)]
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use bytes::Bytes;
+use futures::future::BoxFuture;
+use futures::{FutureExt as _, SinkExt as _, StreamExt as _};
+use tokio::io::AsyncWriteExt as _;
+use tokio::net::TcpStream;
+use tokio_util::codec::Framed;
+use tokio_util::sync::CancellationToken;
+use wasmrelay::gateway::{DeliveryResult, Gateway, GatewayOptions, Upstream};
+use wasmrelay_protocol::v1::{self, ErrorCode};
+use wasmrelay_protocol::{Frame, FrameCodec, Kind};
+
+const STEP: Duration = Duration::from_secs(5);
+
+/// Upstream that accepts every send whose value is not `fail`.
+#[derive(Default)]
+struct CountingUpstream {
+    sends: AtomicUsize,
+}
+
+impl Upstream for CountingUpstream {
+    fn send(&self, _process_id: &str, send: v1::Send) -> BoxFuture<'static, Result<(), String>> {
+        self.sends.fetch_add(1, Ordering::Relaxed);
+        let fail = send.value.as_ref() == b"fail";
+        async move {
+            if fail {
+                Err("refused by the test".to_string())
+            } else {
+                Ok(())
+            }
+        }
+        .boxed()
+    }
+}
+
+struct Node {
+    gateway: Arc<Gateway>,
+    upstream: Arc<CountingUpstream>,
+    addr: std::net::SocketAddr,
+    stop: CancellationToken,
+}
+
+async fn start(options: GatewayOptions) -> Node {
+    let upstream = Arc::new(CountingUpstream::default());
+    let gateway = Gateway::new(options, upstream.clone(), None);
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let stop = CancellationToken::new();
+    tokio::spawn(gateway.clone().serve(listener, stop.clone()));
+    Node {
+        gateway,
+        upstream,
+        addr,
+        stop,
+    }
+}
+
+fn options() -> GatewayOptions {
+    GatewayOptions {
+        node_id: "node-a".to_string(),
+        keepalive: Duration::from_secs(10),
+        hello_timeout: Duration::from_secs(2),
+        send_queue: 64,
+        max_unacked: 16,
+        max_frame_bytes: 4096,
+    }
+}
+
+type Conn = Framed<TcpStream, FrameCodec>;
+
+async fn connect(node: &Node) -> Conn {
+    Framed::new(
+        TcpStream::connect(node.addr).await.unwrap(),
+        FrameCodec::default(),
+    )
+}
+
+fn hello(process_id: &str, version: u32) -> Frame {
+    Frame::of(Kind::Hello(v1::Hello {
+        protocol_version: version,
+        process_id: process_id.to_string(),
+        client_name: "test".to_string(),
+        accepts_redirect: false,
+    }))
+}
+
+async fn next(conn: &mut Conn) -> Option<Frame> {
+    tokio::time::timeout(STEP, conn.next())
+        .await
+        .expect("no frame within 5 s")
+        .map(Result::unwrap)
+}
+
+async fn register(node: &Node, process_id: &str) -> Conn {
+    let mut conn = connect(node).await;
+    conn.send(hello(process_id, 1)).await.unwrap();
+    match next(&mut conn).await.unwrap().kind {
+        Some(Kind::Welcome(welcome)) => assert_eq!(welcome.node_id, "node-a"),
+        other => panic!("expected a welcome, got {other:?}"),
+    }
+    wait_until(|| node.gateway.session(process_id).is_some()).await;
+    conn
+}
+
+async fn wait_until(done: impl Fn() -> bool) {
+    tokio::time::timeout(STEP, async {
+        while !done() {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    })
+    .await
+    .expect("condition not reached within 5 s");
+}
+
+/// The connection's next frame is an error with `code`, then it closes.
+async fn expect_error_and_close(conn: &mut Conn, code: ErrorCode) -> String {
+    let frame = next(conn).await.expect("closed without an error frame");
+    let Some(Kind::Error(error)) = frame.kind else {
+        panic!("expected an error, got {frame:?}");
+    };
+    assert_eq!(error.code, code as i32, "{}", error.message);
+    assert!(next(conn).await.is_none(), "not closed after the error");
+    error.message
+}
+
+fn message(value: &str) -> v1::Message {
+    v1::Message {
+        value: Bytes::from(value.to_string()),
+        ..v1::Message::default()
+    }
+}
+
+/// Another client is still served: a delivery reaches it and its ack
+/// arrives.
+async fn still_served(node: &Node, other: &mut Conn, process_id: &str) {
+    let answer = node
+        .gateway
+        .deliver(process_id, "t/0/1".to_string(), message("still here"))
+        .unwrap();
+    let Some(Kind::Deliver(deliver)) = next(other).await.unwrap().kind else {
+        panic!("expected a delivery");
+    };
+    other
+        .send(Frame::of(Kind::Ack(v1::Ack { seq: deliver.seq })))
+        .await
+        .unwrap();
+    assert_eq!(
+        tokio::time::timeout(STEP, answer).await.unwrap().unwrap(),
+        DeliveryResult::Acked
+    );
+}
+
+#[tokio::test]
+async fn deliveries_are_acked_and_nacked_in_order_and_sends_are_acknowledged() {
+    let node = start(options()).await;
+    let mut conn = register(&node, "p-1").await;
+    let answers: Vec<_> = (0..5)
+        .map(|n| {
+            node.gateway
+                .deliver("p-1", format!("t/0/{n}"), message(&format!("m{n}")))
+                .unwrap()
+        })
+        .collect();
+    for n in 0..5 {
+        let Some(Kind::Deliver(deliver)) = next(&mut conn).await.unwrap().kind else {
+            panic!("expected a delivery");
+        };
+        assert_eq!(deliver.delivery_id, format!("t/0/{n}"));
+        assert_eq!(deliver.message.unwrap().value, format!("m{n}"));
+        let answer = if n == 3 {
+            Kind::Nack(v1::Nack {
+                seq: deliver.seq,
+                reason: "busy".to_string(),
+            })
+        } else {
+            Kind::Ack(v1::Ack { seq: deliver.seq })
+        };
+        conn.send(Frame::of(answer)).await.unwrap();
+    }
+    let mut results = Vec::new();
+    for answer in answers {
+        results.push(tokio::time::timeout(STEP, answer).await.unwrap().unwrap());
+    }
+    assert_eq!(results[3], DeliveryResult::Nacked("busy".to_string()));
+    assert!(
+        results
+            .iter()
+            .enumerate()
+            .all(|(n, r)| n == 3 || *r == DeliveryResult::Acked)
+    );
+
+    for (seq, value, ok) in [(1, "hello", true), (2, "fail", false)] {
+        conn.send(Frame::of(Kind::Send(v1::Send {
+            seq,
+            value: Bytes::from(value),
+            ..v1::Send::default()
+        })))
+        .await
+        .unwrap();
+        let Some(Kind::SendAck(ack)) = next(&mut conn).await.unwrap().kind else {
+            panic!("expected a send ack");
+        };
+        assert_eq!((ack.seq, ack.ok), (seq, ok), "{}", ack.error);
+    }
+    assert_eq!(node.upstream.sends.load(Ordering::Relaxed), 2);
+
+    conn.send(Frame::of(Kind::Ping(v1::Ping { nonce: 42 })))
+        .await
+        .unwrap();
+    assert!(matches!(
+        next(&mut conn).await.unwrap().kind,
+        Some(Kind::Pong(v1::Pong { nonce: 42 }))
+    ));
+    node.stop.cancel();
+}
+
+#[tokio::test]
+async fn an_id_registered_again_replaces_the_older_connection_which_is_told_why() {
+    let node = start(options()).await;
+    let mut older = register(&node, "p-1").await;
+    let pending = node
+        .gateway
+        .deliver("p-1", "t/0/7".to_string(), message("unacked"))
+        .unwrap();
+    assert!(matches!(
+        next(&mut older).await.unwrap().kind,
+        Some(Kind::Deliver(_))
+    ));
+    let mut newer = connect(&node).await;
+    newer.send(hello("p-1", 1)).await.unwrap();
+    assert!(matches!(
+        next(&mut newer).await.unwrap().kind,
+        Some(Kind::Welcome(_))
+    ));
+    let Some(Kind::Replaced(replaced)) = next(&mut older).await.unwrap().kind else {
+        panic!("expected Replaced");
+    };
+    assert!(
+        replaced.reason.contains("registered again"),
+        "{}",
+        replaced.reason
+    );
+    assert!(
+        next(&mut older).await.is_none(),
+        "the older connection stays open"
+    );
+    // Its unacked delivery is handed back for redelivery, not lost.
+    assert!(matches!(
+        tokio::time::timeout(STEP, pending).await.unwrap().unwrap(),
+        DeliveryResult::Lost(_)
+    ));
+    assert_eq!(node.gateway.connection_count(), 1);
+    still_served(&node, &mut newer, "p-1").await;
+    assert_eq!(node.gateway.stats().replaced(), 1);
+}
+
+#[tokio::test]
+async fn bad_input_gets_an_error_frame_and_a_disconnect_while_others_are_served() {
+    let node = start(options()).await;
+    let mut other = register(&node, "other").await;
+
+    // Garbage: a length that fits, bytes that are not a Frame.
+    let mut raw = TcpStream::connect(node.addr).await.unwrap();
+    raw.write_all(&[0, 0, 0, 4, 0xff, 0xff, 0xff, 0xff])
+        .await
+        .unwrap();
+    let mut conn = Framed::new(raw, FrameCodec::default());
+    let why = expect_error_and_close(&mut conn, ErrorCode::BadFrame).await;
+    assert!(why.contains("not a valid Frame"), "{why}");
+
+    // Oversized: a length over the node's maximum (4096 here).
+    let mut raw = TcpStream::connect(node.addr).await.unwrap();
+    raw.write_all(&100_000u32.to_be_bytes()).await.unwrap();
+    let mut conn = Framed::new(raw, FrameCodec::default());
+    let why = expect_error_and_close(&mut conn, ErrorCode::FrameTooLarge).await;
+    assert!(why.contains("100000") && why.contains("4096"), "{why}");
+
+    // Oversized after registering.
+    let mut big = register(&node, "big").await;
+    let mut raw_big = big.into_inner();
+    raw_big.write_all(&5000u32.to_be_bytes()).await.unwrap();
+    big = Framed::new(raw_big, FrameCodec::default());
+    expect_error_and_close(&mut big, ErrorCode::FrameTooLarge).await;
+    wait_until(|| node.gateway.session("big").is_none()).await;
+
+    // Wrong version.
+    let mut conn = connect(&node).await;
+    conn.send(hello("p-2", 99)).await.unwrap();
+    let why = expect_error_and_close(&mut conn, ErrorCode::UnsupportedVersion).await;
+    assert!(why.contains("99"), "{why}");
+
+    // Something other than Hello first; a bad process id.
+    let mut conn = connect(&node).await;
+    conn.send(Frame::of(Kind::Ack(v1::Ack { seq: 1 })))
+        .await
+        .unwrap();
+    expect_error_and_close(&mut conn, ErrorCode::ProtocolViolation).await;
+    let mut conn = connect(&node).await;
+    conn.send(hello("", 1)).await.unwrap();
+    expect_error_and_close(&mut conn, ErrorCode::BadProcessId).await;
+
+    // An ack for a delivery that was never sent; a node-only frame.
+    let mut conn = register(&node, "p-3").await;
+    conn.send(Frame::of(Kind::Ack(v1::Ack { seq: 77 })))
+        .await
+        .unwrap();
+    let why = expect_error_and_close(&mut conn, ErrorCode::ProtocolViolation).await;
+    assert!(why.contains("77"), "{why}");
+    let mut conn = register(&node, "p-4").await;
+    conn.send(Frame::of(Kind::Welcome(v1::Welcome::default())))
+        .await
+        .unwrap();
+    expect_error_and_close(&mut conn, ErrorCode::ProtocolViolation).await;
+
+    // Truncated: the connection ends inside a frame; the session goes away.
+    let conn = register(&node, "p-5").await;
+    let mut raw = conn.into_inner();
+    raw.write_all(&[0, 0, 0, 50, 1, 2, 3]).await.unwrap();
+    raw.shutdown().await.unwrap();
+    drop(raw);
+    wait_until(|| node.gateway.session("p-5").is_none()).await;
+
+    still_served(&node, &mut other, "other").await;
+    assert!(node.gateway.stats().protocol_errors() >= 8);
+}
+
+#[tokio::test]
+async fn a_silent_client_is_closed_after_the_idle_timeout() {
+    let node = start(GatewayOptions {
+        keepalive: Duration::from_millis(100),
+        ..options()
+    })
+    .await;
+    let mut conn = register(&node, "quiet").await;
+    let why = expect_error_and_close(&mut conn, ErrorCode::IdleTimeout).await;
+    assert!(why.contains("Ping"), "{why}");
+    wait_until(|| node.gateway.session("quiet").is_none()).await;
+
+    // A client that pings stays.
+    let mut chatty = register(&node, "chatty").await;
+    for nonce in 0..10 {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        chatty
+            .send(Frame::of(Kind::Ping(v1::Ping { nonce })))
+            .await
+            .unwrap();
+        assert!(matches!(
+            next(&mut chatty).await.unwrap().kind,
+            Some(Kind::Pong(_))
+        ));
+    }
+    assert!(node.gateway.session("chatty").is_some());
+}
+
+#[tokio::test]
+async fn a_client_that_does_not_ack_is_disconnected_and_its_deliveries_handed_back() {
+    let node = start(options()).await;
+    let mut slow = register(&node, "slow").await;
+    // max_unacked is 16: the 17th delivery finds the process too slow.
+    let answers: Vec<_> = (0..17)
+        .map(|n| {
+            node.gateway
+                .deliver("slow", format!("t/0/{n}"), message("x"))
+                .unwrap()
+        })
+        .collect();
+    for answer in answers {
+        assert!(matches!(
+            tokio::time::timeout(STEP, answer).await.unwrap().unwrap(),
+            DeliveryResult::Lost(_)
+        ));
+    }
+    // The client is told why, after the deliveries already on their way.
+    loop {
+        match next(&mut slow).await.expect("closed without a reason").kind {
+            Some(Kind::Deliver(_)) => continue,
+            Some(Kind::Error(error)) => {
+                assert_eq!(error.code, ErrorCode::SlowConsumer as i32);
+                break;
+            }
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+    wait_until(|| node.gateway.session("slow").is_none()).await;
+}
+
+#[tokio::test]
+async fn no_hello_in_time_is_refused() {
+    let node = start(options()).await;
+    let mut conn = connect(&node).await;
+    let why = expect_error_and_close(&mut conn, ErrorCode::IdleTimeout).await;
+    assert!(why.contains("Hello"), "{why}");
+}
