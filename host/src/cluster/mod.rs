@@ -7,6 +7,7 @@
 //! ([`upstream`]). The TCP side of processes is the [`crate::gateway`].
 
 pub mod delivery;
+pub mod mesh;
 pub mod router;
 pub mod upstream;
 

@@ -1,0 +1,522 @@
+//! Outgoing links: for each peer, a task that dials it, authenticates with
+//! `MeshHello` / `MeshWelcome`, then sends the forwards queued on the link
+//! and resolves each when its `ForwardAck` comes back; and dials again, with
+//! backoff, when the link breaks, until the peer is dropped.
+//!
+//! A link is broken when the socket fails, the peer sends something that is
+//! not allowed, or nothing arrives for three keepalive intervals (the link
+//! pings the peer when it has been quiet for one). Breaking resolves the
+//! forwards still waiting for an answer as [`ForwardOutcome::Lost`].
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bytes::Bytes;
+use futures::{SinkExt as _, StreamExt as _};
+use prost::Message as _;
+use tokio::net::TcpStream;
+use tokio::sync::{mpsc, oneshot};
+use tokio::time::{Instant, MissedTickBehavior};
+use tokio_util::codec::Framed;
+use tokio_util::sync::CancellationToken;
+use wasmrelay_protocol::mesh_auth::{hello_mac, verify_welcome};
+use wasmrelay_protocol::v1::{self, ErrorCode, ForwardResult};
+use wasmrelay_protocol::{CodecError, Frame, FrameCodec, Kind, PROTOCOL_VERSION};
+
+use super::wire::{self, Conn};
+use super::{ForwardOutcome, MeshError, MeshOptions, MeshStats, Shared, bump, keepalive, now_ms};
+
+/// Bytes of the random nonce of a `MeshHello`.
+pub(super) const NONCE_BYTES: usize = 16;
+
+/// A peer in the peer set: where to dial it, and its link when one is up.
+#[derive(Debug)]
+pub(super) struct PeerSlot {
+    node_id: String,
+    addr: String,
+    /// Cancelled when the peer is dropped or the mesh closes.
+    stop: CancellationToken,
+    link: Mutex<Option<Arc<Link>>>,
+}
+
+impl PeerSlot {
+    pub(super) fn new(node_id: String, addr: String, stop: CancellationToken) -> PeerSlot {
+        PeerSlot {
+            node_id,
+            addr,
+            stop,
+            link: Mutex::new(None),
+        }
+    }
+
+    pub(super) fn node_id(&self) -> &str {
+        &self.node_id
+    }
+
+    pub(super) fn addr(&self) -> &str {
+        &self.addr
+    }
+
+    /// The authenticated link to the peer, if one is up.
+    pub(super) fn link(&self) -> Option<Arc<Link>> {
+        self.lock_link().clone()
+    }
+
+    /// Stops dialing the peer and closes its link; the forwards waiting on
+    /// it resolve as lost with `reason`.
+    pub(super) fn stop(&self, reason: &str, stats: &MeshStats) {
+        self.stop.cancel();
+        if let Some(link) = self.lock_link().take() {
+            link.close(reason, stats);
+        }
+    }
+
+    fn set_link(&self, link: Arc<Link>) {
+        *self.lock_link() = Some(link);
+    }
+
+    /// Forgets `link`, unless another one replaced it already.
+    fn clear_link(&self, link: &Arc<Link>) {
+        let mut slot = self.lock_link();
+        if slot
+            .as_ref()
+            .is_some_and(|current| Arc::ptr_eq(current, link))
+        {
+            *slot = None;
+        }
+    }
+
+    fn lock_link(&self) -> std::sync::MutexGuard<'_, Option<Arc<Link>>> {
+        self.link.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+type Pending = HashMap<u64, oneshot::Sender<ForwardOutcome>>;
+
+/// An authenticated outgoing link, shared by its task and the senders of
+/// forwards.
+#[derive(Debug)]
+pub(super) struct Link {
+    node_id: String,
+    queue: mpsc::Sender<Frame>,
+    capacity: usize,
+    max_frame_bytes: usize,
+    /// Forwards waiting for their `ForwardAck`, by seq; `None` once closed.
+    pending: Mutex<Option<Pending>>,
+    next_seq: AtomicU64,
+    /// Whether a forward was queued since the last keepalive tick.
+    sent_since_tick: AtomicBool,
+    /// Cancelled when the link is closed (or its writer failed).
+    closed: CancellationToken,
+}
+
+impl Link {
+    fn new(node_id: &str, queue: mpsc::Sender<Frame>, options: &MeshOptions) -> Link {
+        Link {
+            node_id: node_id.to_string(),
+            queue,
+            capacity: options.link_queue,
+            max_frame_bytes: options.max_frame_bytes,
+            pending: Mutex::new(Some(HashMap::new())),
+            next_seq: AtomicU64::new(1),
+            sent_since_tick: AtomicBool::new(false),
+            closed: CancellationToken::new(),
+        }
+    }
+
+    /// Queues a `Forward`, in order with the others, and returns where its
+    /// outcome arrives.
+    pub(super) fn forward(
+        &self,
+        stats: &MeshStats,
+        process_id: &str,
+        delivery_id: String,
+        message: v1::Message,
+    ) -> Result<oneshot::Receiver<ForwardOutcome>, MeshError> {
+        let (tx, rx) = oneshot::channel();
+        // Held while queueing, so an ack cannot be looked up before its
+        // forward is pending, and closing cannot miss it.
+        let mut pending = self.lock_pending();
+        let Some(map) = pending.as_mut() else {
+            return Err(MeshError::NotLinked(self.node_id.clone()));
+        };
+        let seq = self.next_seq.fetch_add(1, Ordering::Relaxed);
+        let frame = Frame::of(Kind::Forward(v1::Forward {
+            seq,
+            process_id: process_id.to_string(),
+            delivery_id,
+            message: Some(message),
+        }));
+        let bytes = frame.encoded_len();
+        if bytes > self.max_frame_bytes {
+            return Err(MeshError::TooLarge {
+                bytes,
+                max: self.max_frame_bytes,
+            });
+        }
+        match self.queue.try_send(frame) {
+            Ok(()) => {
+                map.insert(seq, tx);
+                self.sent_since_tick.store(true, Ordering::Relaxed);
+                bump(&stats.forwards_sent);
+                Ok(rx)
+            }
+            Err(mpsc::error::TrySendError::Full(_)) => Err(MeshError::QueueFull {
+                node_id: self.node_id.clone(),
+                capacity: self.capacity,
+            }),
+            Err(mpsc::error::TrySendError::Closed(_)) => {
+                Err(MeshError::NotLinked(self.node_id.clone()))
+            }
+        }
+    }
+
+    /// Resolves forward `seq`; false when it is not pending.
+    fn resolve(&self, seq: u64, outcome: ForwardOutcome) -> bool {
+        let sender = self
+            .lock_pending()
+            .as_mut()
+            .and_then(|map| map.remove(&seq));
+        match sender {
+            Some(sender) => {
+                let _ = sender.send(outcome);
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Closes the link: later forwards are refused, pending ones resolve as
+    /// lost with `reason`. Idempotent.
+    fn close(&self, reason: &str, stats: &MeshStats) {
+        let pending = self.lock_pending().take();
+        self.closed.cancel();
+        for (_, sender) in pending.into_iter().flatten() {
+            bump(&stats.forwards_lost);
+            let _ = sender.send(ForwardOutcome::Lost(format!(
+                "the mesh link to node `{}` broke before the answer: {reason}",
+                self.node_id
+            )));
+        }
+    }
+
+    fn lock_pending(&self) -> std::sync::MutexGuard<'_, Option<Pending>> {
+        self.pending.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+/// Why dialing a peer did not give an authenticated link.
+#[derive(Debug, thiserror::Error)]
+enum DialError {
+    #[error("no authenticated link within {0:?}")]
+    Timeout(Duration),
+    #[error("connecting failed: {0}")]
+    Connect(std::io::Error),
+    #[error(transparent)]
+    Codec(#[from] CodecError),
+    #[error("the peer closed the connection before its MeshWelcome")]
+    Closed,
+    #[error("the peer refused the link: {code}: {message}")]
+    Refused { code: String, message: String },
+    #[error("the peer did not authenticate: {0}")]
+    Unauthorized(String),
+    #[error("the peer broke the protocol: {0}")]
+    Protocol(String),
+}
+
+/// Why an established link ends, and what to tell the peer (an `Error`
+/// frame with this code and the reason, if any).
+struct Closing {
+    reason: String,
+    code: Option<ErrorCode>,
+}
+
+impl Closing {
+    fn quietly(reason: impl Into<String>) -> Closing {
+        Closing {
+            reason: reason.into(),
+            code: None,
+        }
+    }
+
+    fn telling(code: ErrorCode, reason: impl Into<String>) -> Closing {
+        Closing {
+            reason: reason.into(),
+            code: Some(code),
+        }
+    }
+}
+
+/// Dials `slot`'s peer and keeps a link to it up until the peer is dropped.
+pub(super) async fn supervise(shared: Arc<Shared>, slot: Arc<PeerSlot>) {
+    let options = &shared.options;
+    let (initial_backoff, max_backoff) = options.reconnect_backoff;
+    let mut backoff = initial_backoff;
+    let mut failures = 0u32;
+    loop {
+        let dialed = tokio::select! {
+            _ = slot.stop.cancelled() => break,
+            dialed = dial(options, &slot) => dialed,
+        };
+        match dialed {
+            Ok(conn) => {
+                failures = 0;
+                backoff = initial_backoff;
+                bump(&shared.stats.links_established);
+                tracing::info!(peer = %slot.node_id, addr = %slot.addr, "mesh link up");
+                let reason = run(&shared, &slot, conn).await;
+                bump(&shared.stats.links_broken);
+                if slot.stop.is_cancelled() {
+                    tracing::info!(peer = %slot.node_id, %reason, "mesh link closed");
+                    break;
+                }
+                tracing::warn!(peer = %slot.node_id, addr = %slot.addr, %reason, "mesh link broken; dialing again");
+            }
+            Err(error) => {
+                failures += 1;
+                bump(&shared.stats.dial_failures);
+                match &error {
+                    DialError::Unauthorized(_) => bump(&shared.stats.unauthorized),
+                    DialError::Protocol(_) | DialError::Codec(_) => {
+                        bump(&shared.stats.protocol_errors);
+                    }
+                    _ => {}
+                }
+                // Loud on the first failure and now and then after.
+                if failures == 1 || failures.is_multiple_of(30) {
+                    tracing::warn!(peer = %slot.node_id, addr = %slot.addr, %error, failures, retry_in = ?backoff, "dialing a mesh peer failed");
+                } else {
+                    tracing::debug!(peer = %slot.node_id, addr = %slot.addr, %error, failures, retry_in = ?backoff, "dialing a mesh peer failed");
+                }
+            }
+        }
+        tokio::select! {
+            _ = slot.stop.cancelled() => break,
+            _ = tokio::time::sleep(backoff) => {}
+        }
+        backoff = (backoff * 2).min(max_backoff);
+    }
+}
+
+/// Connects to the peer and authenticates, within the connect timeout.
+async fn dial(options: &MeshOptions, slot: &PeerSlot) -> Result<Conn, DialError> {
+    tokio::time::timeout(options.connect_timeout, handshake(options, slot))
+        .await
+        .unwrap_or(Err(DialError::Timeout(options.connect_timeout)))
+}
+
+async fn handshake(options: &MeshOptions, slot: &PeerSlot) -> Result<Conn, DialError> {
+    let stream = TcpStream::connect(&slot.addr)
+        .await
+        .map_err(DialError::Connect)?;
+    let _ = stream.set_nodelay(true);
+    let mut conn = Framed::new(stream, FrameCodec::new(options.max_frame_bytes));
+    let nonce: [u8; NONCE_BYTES] = rand::random();
+    let time_ms = now_ms();
+    let hello = v1::MeshHello {
+        protocol_version: PROTOCOL_VERSION,
+        node_id: options.node_id.clone(),
+        to_node_id: slot.node_id.clone(),
+        nonce: Bytes::copy_from_slice(&nonce),
+        time_ms,
+        mac: hello_mac(
+            &options.secret,
+            &options.node_id,
+            &slot.node_id,
+            &nonce,
+            time_ms,
+        )
+        .into(),
+    };
+    conn.send(Frame::of(Kind::MeshHello(hello))).await?;
+    let frame = conn.next().await.ok_or(DialError::Closed)??;
+    match frame.kind {
+        Some(Kind::MeshWelcome(welcome)) => {
+            let checked = if welcome.node_id == slot.node_id {
+                verify_welcome(&options.secret, &welcome, &nonce)
+            } else {
+                Err(format!(
+                    "node `{}` answered at {}, where node `{}` was expected",
+                    welcome.node_id, slot.addr, slot.node_id
+                ))
+            };
+            match checked {
+                Ok(()) => Ok(conn),
+                Err(reason) => {
+                    let last_word = Frame::error(ErrorCode::Unauthorized, reason.clone());
+                    wire::refuse(&mut conn, Some(last_word)).await;
+                    Err(DialError::Unauthorized(reason))
+                }
+            }
+        }
+        Some(Kind::Error(error)) => Err(DialError::Refused {
+            code: code_name(error.code),
+            message: error.message,
+        }),
+        _ => {
+            let reason = format!("expected a MeshWelcome, got a {} frame", frame.kind_name());
+            let last_word = Frame::error(ErrorCode::ProtocolViolation, reason.clone());
+            wire::refuse(&mut conn, Some(last_word)).await;
+            Err(DialError::Protocol(reason))
+        }
+    }
+}
+
+/// Runs an authenticated link until it breaks or the peer is dropped;
+/// returns why it ended.
+async fn run(shared: &Shared, slot: &PeerSlot, conn: Conn) -> String {
+    let options = &shared.options;
+    let (queue, queue_rx) = mpsc::channel(options.link_queue.max(1));
+    let link = Arc::new(Link::new(&slot.node_id, queue, options));
+    let (sink, mut frames) = conn.split();
+    let writer = tokio::spawn(wire::write_frames(sink, queue_rx, link.closed.clone()));
+    slot.set_link(link.clone());
+    shared.publish_linked();
+
+    let keepalive = keepalive(options);
+    let mut tick = tokio::time::interval_at(Instant::now() + keepalive, keepalive);
+    tick.set_missed_tick_behavior(MissedTickBehavior::Delay);
+    let mut last_received = Instant::now();
+    let mut received_since_tick = false;
+    let mut ping_nonce = 0u64;
+    let closing = loop {
+        tokio::select! {
+            _ = slot.stop.cancelled() => break Closing::quietly("the peer was dropped"),
+            _ = link.closed.cancelled() => break Closing::quietly("the link was closed"),
+            _ = tick.tick() => {
+                let silent = last_received.elapsed();
+                if silent >= keepalive * 3 {
+                    break Closing::telling(
+                        ErrorCode::IdleTimeout,
+                        format!("nothing received for {silent:?}; pings unanswered"),
+                    );
+                }
+                let sent = link.sent_since_tick.swap(false, Ordering::Relaxed);
+                if !received_since_tick || !sent {
+                    ping_nonce += 1;
+                    // A full queue means the link is busy: no ping needed.
+                    let _ = link.queue.try_send(Frame::of(Kind::Ping(v1::Ping { nonce: ping_nonce })));
+                }
+                received_since_tick = false;
+            }
+            next = frames.next() => match next {
+                None => break Closing::quietly("the peer closed the link"),
+                Some(Err(error)) => {
+                    if let Some(code) = error.code() {
+                        bump(&shared.stats.protocol_errors);
+                        break Closing::telling(code, error.to_string());
+                    }
+                    break Closing::quietly(error.to_string());
+                }
+                Some(Ok(frame)) => {
+                    last_received = Instant::now();
+                    received_since_tick = true;
+                    if let Err(closing) = handle_frame(&shared.stats, &link, frame) {
+                        break closing;
+                    }
+                }
+            },
+        }
+    };
+
+    slot.clear_link(&link);
+    shared.publish_linked();
+    // Stop the writer before failing the pending forwards, so its error (if
+    // it is why the link ended) is the reason given.
+    link.closed.cancel();
+    let last_word = closing
+        .code
+        .map(|code| Frame::error(code, closing.reason.clone()));
+    let (reason, sink) = match writer.await {
+        Ok((sink, Some(error))) => (format!("writing to the peer failed: {error}"), Some(sink)),
+        Ok((sink, None)) => (closing.reason, Some(sink)),
+        Err(error) => (format!("the link's writer failed: {error}"), None),
+    };
+    link.close(&reason, &shared.stats);
+    if let Some(sink) = sink {
+        wire::farewell(sink, last_word).await;
+    }
+    reason
+}
+
+/// Acts on one frame from the peer; `Err` ends the link.
+fn handle_frame(stats: &MeshStats, link: &Link, frame: Frame) -> Result<(), Closing> {
+    match frame.kind {
+        Some(Kind::ForwardAck(ack)) => {
+            let (outcome, counter) = match ForwardResult::try_from(ack.result) {
+                Ok(ForwardResult::Delivered) => {
+                    (ForwardOutcome::Delivered, &stats.forwards_delivered)
+                }
+                Ok(ForwardResult::NotHere) => (
+                    ForwardOutcome::NotHere(ack.reason),
+                    &stats.forwards_not_here,
+                ),
+                Ok(ForwardResult::Failed) => {
+                    (ForwardOutcome::Failed(ack.reason), &stats.forwards_failed)
+                }
+                Ok(ForwardResult::Unspecified) | Err(_) => {
+                    bump(&stats.protocol_errors);
+                    return Err(Closing::telling(
+                        ErrorCode::ProtocolViolation,
+                        format!(
+                            "ForwardAck for forward {} with no known result ({})",
+                            ack.seq, ack.result
+                        ),
+                    ));
+                }
+            };
+            if link.resolve(ack.seq, outcome) {
+                bump(counter);
+                Ok(())
+            } else {
+                bump(&stats.protocol_errors);
+                Err(Closing::telling(
+                    ErrorCode::ProtocolViolation,
+                    format!(
+                        "ForwardAck for forward {}, which is not awaiting an answer",
+                        ack.seq
+                    ),
+                ))
+            }
+        }
+        Some(Kind::Ping(ping)) => {
+            let _ = link
+                .queue
+                .try_send(Frame::of(Kind::Pong(v1::Pong { nonce: ping.nonce })));
+            Ok(())
+        }
+        Some(Kind::Pong(_)) => Ok(()),
+        Some(Kind::Error(error)) => Err(Closing::quietly(format!(
+            "the peer closed the link: {}: {}",
+            code_name(error.code),
+            error.message
+        ))),
+        Some(other) => {
+            bump(&stats.protocol_errors);
+            Err(Closing::telling(
+                ErrorCode::ProtocolViolation,
+                format!(
+                    "a node may not send {} frames on a mesh link it accepted",
+                    other.name()
+                ),
+            ))
+        }
+        None => {
+            bump(&stats.protocol_errors);
+            Err(Closing::telling(
+                ErrorCode::BadFrame,
+                "a frame without a kind",
+            ))
+        }
+    }
+}
+
+/// The name of an error code, or its number when unknown.
+pub(super) fn code_name(code: i32) -> String {
+    ErrorCode::try_from(code).map_or_else(
+        |_| format!("error code {code}"),
+        |code| code.as_str_name().to_string(),
+    )
+}

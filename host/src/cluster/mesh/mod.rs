@@ -1,0 +1,477 @@
+//! The mesh: authenticated TCP links between the relay nodes of a cluster.
+//! A node that holds a message for a process connected to another node
+//! forwards it over the mesh and learns the outcome from the other node.
+//!
+//! Every node dials every other node it is told about ([`Mesh::set_peers`]),
+//! so between two nodes there are two links, one each way: a node sends its
+//! `Forward`s on its own outgoing link ([`link`]) and the `ForwardAck`s come
+//! back on it. The accepting side ([`server`]) hands each `Forward` to the
+//! local [`Gateway`] in the order it arrived and answers when the process
+//! does.
+//!
+//! A link starts with `MeshHello` / `MeshWelcome`, in which both sides prove
+//! they know the cluster secret ([`wasmrelay_protocol::mesh_auth`]). Idle
+//! links are pinged; a link silent for three keepalive intervals is broken.
+//! A broken link resolves its forwards still waiting for an answer as
+//! [`ForwardOutcome::Lost`] and is dialled again, with backoff, for as long
+//! as the peer stays in the peer set.
+//!
+//! Owns: the links, their authentication and keepalive, and the forwards in
+//! flight on them. Does not own which nodes exist (membership calls
+//! [`Mesh::set_peers`]) nor where processes are (the route table), nor
+//! retrying a forward that failed (the caller's delivery policy).
+
+mod link;
+mod server;
+mod wire;
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::net::TcpListener;
+use tokio::sync::{oneshot, watch};
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+use wasmrelay_protocol::v1;
+
+use crate::gateway::Gateway;
+
+use link::PeerSlot;
+
+/// How the mesh treats its links.
+#[derive(Clone)]
+pub struct MeshOptions {
+    /// This node's id: sent in `MeshHello`, and what dialers must name as
+    /// `to_node_id`.
+    pub node_id: String,
+    /// The cluster secret, the HMAC key of the handshake.
+    pub secret: Vec<u8>,
+    /// Largest frame accepted or sent.
+    pub max_frame_bytes: usize,
+    /// Frames queued on one link (each way) before [`Mesh::forward`]
+    /// refuses with [`MeshError::QueueFull`].
+    pub link_queue: usize,
+    /// How long dialing a peer may take: TCP connect plus `MeshHello` /
+    /// `MeshWelcome`. Also how long an accepted link may take to say
+    /// `MeshHello`.
+    pub connect_timeout: Duration,
+    /// Idle links are pinged this often; a link on which nothing arrives for
+    /// three times this is broken (both ends: the nodes of a cluster should
+    /// agree on it). At least 10 ms.
+    pub keepalive: Duration,
+    /// The first and the longest wait before dialing a peer again.
+    pub reconnect_backoff: (Duration, Duration),
+}
+
+impl std::fmt::Debug for MeshOptions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MeshOptions")
+            .field("node_id", &self.node_id)
+            .field("secret", &"<redacted>")
+            .field("max_frame_bytes", &self.max_frame_bytes)
+            .field("link_queue", &self.link_queue)
+            .field("connect_timeout", &self.connect_timeout)
+            .field("keepalive", &self.keepalive)
+            .field("reconnect_backoff", &self.reconnect_backoff)
+            .finish()
+    }
+}
+
+impl Default for MeshOptions {
+    fn default() -> Self {
+        MeshOptions {
+            node_id: "node".to_string(),
+            secret: Vec::new(),
+            max_frame_bytes: wasmrelay_protocol::DEFAULT_MAX_FRAME_BYTES,
+            link_queue: 4096,
+            connect_timeout: Duration::from_secs(3),
+            keepalive: Duration::from_secs(2),
+            reconnect_backoff: (Duration::from_millis(100), Duration::from_secs(2)),
+        }
+    }
+}
+
+/// How a forward ended.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ForwardOutcome {
+    /// The process on the other node acknowledged it.
+    Delivered,
+    /// The process is not connected to that node (any more); the reason.
+    NotHere(String),
+    /// The process refused it, or its connection ended before it answered;
+    /// the reason.
+    Failed(String),
+    /// The link broke (or the peer was dropped) before the answer came: the
+    /// message may or may not have reached the process.
+    Lost(String),
+}
+
+/// Why a forward was not even queued.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum MeshError {
+    /// The node is not in the peer set.
+    #[error("node `{0}` is not a mesh peer of this node")]
+    UnknownNode(String),
+    /// The node is a peer, but no authenticated link to it is up now.
+    #[error("no mesh link to node `{0}` is up")]
+    NotLinked(String),
+    /// The link's queue is full: the peer does not read fast enough.
+    #[error("the mesh link to node `{node_id}` has {capacity} frames queued already")]
+    QueueFull {
+        /// The peer.
+        node_id: String,
+        /// The queue's capacity ([`MeshOptions::link_queue`]).
+        capacity: usize,
+    },
+    /// The forward would be larger than the largest frame.
+    #[error("a forward of {bytes} bytes is larger than the maximum frame of {max} bytes")]
+    TooLarge {
+        /// The encoded frame's size.
+        bytes: usize,
+        /// [`MeshOptions::max_frame_bytes`].
+        max: usize,
+    },
+    /// The mesh was closed (the node is shutting down).
+    #[error("the mesh is closed")]
+    Closed,
+}
+
+/// Counters of the mesh, read by metrics and the admin API.
+#[derive(Debug, Default)]
+pub struct MeshStats {
+    forwards_sent: AtomicU64,
+    forwards_delivered: AtomicU64,
+    forwards_not_here: AtomicU64,
+    forwards_failed: AtomicU64,
+    forwards_lost: AtomicU64,
+    forwards_received: AtomicU64,
+    links_established: AtomicU64,
+    links_broken: AtomicU64,
+    dial_failures: AtomicU64,
+    links_accepted: AtomicU64,
+    unauthorized: AtomicU64,
+    protocol_errors: AtomicU64,
+}
+
+fn bump(counter: &AtomicU64) {
+    counter.fetch_add(1, Ordering::Relaxed);
+}
+
+impl MeshStats {
+    /// Forwards queued on outgoing links.
+    pub fn forwards_sent(&self) -> u64 {
+        self.forwards_sent.load(Ordering::Relaxed)
+    }
+
+    /// Forwards the peer answered as delivered.
+    pub fn forwards_delivered(&self) -> u64 {
+        self.forwards_delivered.load(Ordering::Relaxed)
+    }
+
+    /// Forwards the peer answered with "not here".
+    pub fn forwards_not_here(&self) -> u64 {
+        self.forwards_not_here.load(Ordering::Relaxed)
+    }
+
+    /// Forwards the peer answered as failed (nacked, or the process's
+    /// connection ended).
+    pub fn forwards_failed(&self) -> u64 {
+        self.forwards_failed.load(Ordering::Relaxed)
+    }
+
+    /// Forwards whose link broke before the answer.
+    pub fn forwards_lost(&self) -> u64 {
+        self.forwards_lost.load(Ordering::Relaxed)
+    }
+
+    /// Forwards received from peers and handed to the gateway (or answered
+    /// "not here").
+    pub fn forwards_received(&self) -> u64 {
+        self.forwards_received.load(Ordering::Relaxed)
+    }
+
+    /// Outgoing links authenticated.
+    pub fn links_established(&self) -> u64 {
+        self.links_established.load(Ordering::Relaxed)
+    }
+
+    /// Authenticated outgoing links that broke or were closed.
+    pub fn links_broken(&self) -> u64 {
+        self.links_broken.load(Ordering::Relaxed)
+    }
+
+    /// Attempts to dial a peer that did not end in an authenticated link.
+    pub fn dial_failures(&self) -> u64 {
+        self.dial_failures.load(Ordering::Relaxed)
+    }
+
+    /// Incoming links authenticated.
+    pub fn links_accepted(&self) -> u64 {
+        self.links_accepted.load(Ordering::Relaxed)
+    }
+
+    /// Incoming links refused because their `MeshHello` did not
+    /// authenticate (wrong secret, wrong node, clock skew, replay), and
+    /// outgoing ones whose `MeshWelcome` did not.
+    pub fn unauthorized(&self) -> u64 {
+        self.unauthorized.load(Ordering::Relaxed)
+    }
+
+    /// Links closed for bad frames or protocol violations, either way.
+    pub fn protocol_errors(&self) -> u64 {
+        self.protocol_errors.load(Ordering::Relaxed)
+    }
+}
+
+/// State shared by the mesh handle and the tasks of its outgoing links.
+struct Shared {
+    options: MeshOptions,
+    stats: MeshStats,
+    /// Outgoing links, by peer node id.
+    peers: Mutex<HashMap<String, Arc<PeerSlot>>>,
+    /// The peers with an authenticated outgoing link now.
+    linked: watch::Sender<BTreeSet<String>>,
+    /// Cancelled by [`Mesh::close`]; every peer's token is a child.
+    closed: CancellationToken,
+    /// The tasks of the outgoing links.
+    tasks: TaskTracker,
+}
+
+impl Shared {
+    fn lock_peers(&self) -> std::sync::MutexGuard<'_, HashMap<String, Arc<PeerSlot>>> {
+        self.peers.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Recomputes the set of linked peers and tells the watchers if it
+    /// changed.
+    fn publish_linked(&self) {
+        let now: BTreeSet<String> = self
+            .lock_peers()
+            .values()
+            .filter(|slot| slot.link().is_some())
+            .map(|slot| slot.node_id().to_string())
+            .collect();
+        self.linked.send_if_modified(|linked| {
+            if *linked == now {
+                false
+            } else {
+                *linked = now;
+                true
+            }
+        });
+    }
+}
+
+/// This node's end of the mesh: its outgoing links to every peer, and the
+/// listener for the peers' links.
+pub struct Mesh {
+    shared: Arc<Shared>,
+    gateway: Arc<Gateway>,
+    replays: server::ReplayGuard,
+}
+
+impl std::fmt::Debug for Mesh {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Mesh")
+            .field("node_id", &self.shared.options.node_id)
+            .field("linked", &self.linked())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Mesh {
+    /// A mesh with no peers yet, handing forwards it receives to `gateway`.
+    pub fn new(options: MeshOptions, gateway: Arc<Gateway>) -> Arc<Mesh> {
+        let (linked, _) = watch::channel(BTreeSet::new());
+        Arc::new(Mesh {
+            shared: Arc::new(Shared {
+                options,
+                stats: MeshStats::default(),
+                peers: Mutex::new(HashMap::new()),
+                linked,
+                closed: CancellationToken::new(),
+                tasks: TaskTracker::new(),
+            }),
+            gateway,
+            replays: server::ReplayGuard::default(),
+        })
+    }
+
+    /// Accepts the peers' links on `listener` until `shutdown`.
+    ///
+    /// A dialer must authenticate first: its `MeshHello` must carry a valid
+    /// MAC of the cluster secret, name this node as `to_node_id`, have a
+    /// clock within a minute of ours and a nonce not seen before; it is
+    /// answered with `MeshWelcome`. Then each `Forward` is handed to the
+    /// gateway in the order it arrived, and answered with a `ForwardAck`
+    /// when the process answers (in any order): `DELIVERED` when it acked,
+    /// `FAILED` when it nacked or its connection ended, `NOT_HERE` at once
+    /// when it is not connected here. Bad frames and failed authentication
+    /// get an `Error` frame and the link is closed; other links are not
+    /// affected.
+    ///
+    /// On `shutdown`, stops accepting, tells every incoming link the node is
+    /// shutting down, closes the outgoing links ([`Mesh::close`]) and
+    /// returns when the incoming links have closed.
+    pub async fn serve(self: Arc<Self>, listener: TcpListener, shutdown: CancellationToken) {
+        server::serve(self, listener, shutdown).await;
+    }
+
+    /// Sets the live peers (node id → mesh address) as membership sees
+    /// them; this node's own id is ignored. New peers are dialled; a peer
+    /// whose address changed is dialled at the new one; links to peers no
+    /// longer in the set are closed and their forwards waiting for an answer
+    /// resolve as [`ForwardOutcome::Lost`]. A link that breaks is dialled
+    /// again, with backoff, while its peer stays in the set. Idempotent:
+    /// call it whenever the membership view changes. Does nothing once the
+    /// mesh is closed. Must be called within a Tokio runtime.
+    pub fn set_peers(&self, peers: BTreeMap<String, String>) {
+        if self.shared.closed.is_cancelled() {
+            return;
+        }
+        let mut dropped = Vec::new();
+        {
+            let mut slots = self.shared.lock_peers();
+            slots.retain(|node_id, slot| {
+                let keep = peers.get(node_id).is_some_and(|addr| addr == slot.addr());
+                if !keep {
+                    dropped.push(slot.clone());
+                }
+                keep
+            });
+            for (node_id, addr) in peers {
+                if node_id == self.shared.options.node_id || slots.contains_key(&node_id) {
+                    continue;
+                }
+                tracing::info!(peer = %node_id, %addr, "mesh: dialing a new peer");
+                let slot = Arc::new(PeerSlot::new(
+                    node_id.clone(),
+                    addr,
+                    self.shared.closed.child_token(),
+                ));
+                self.shared
+                    .tasks
+                    .spawn(link::supervise(self.shared.clone(), slot.clone()));
+                slots.insert(node_id, slot);
+            }
+        }
+        for slot in dropped {
+            tracing::info!(peer = %slot.node_id(), addr = %slot.addr(), "mesh: dropping a peer");
+            slot.stop(
+                &format!("node `{}` left the peer set (or moved)", slot.node_id()),
+                &self.shared.stats,
+            );
+        }
+        self.shared.publish_linked();
+    }
+
+    /// Queues a `Forward` of `message` for `process_id` on the link to
+    /// `node_id`, in order with the other forwards queued on it, and returns
+    /// where its outcome arrives. Refused when that node is not a peer, no
+    /// authenticated link to it is up right now, its queue is full, or the
+    /// frame would be too large; the caller then retries or routes
+    /// elsewhere.
+    pub fn forward(
+        &self,
+        node_id: &str,
+        process_id: &str,
+        delivery_id: String,
+        message: v1::Message,
+    ) -> Result<oneshot::Receiver<ForwardOutcome>, MeshError> {
+        if self.shared.closed.is_cancelled() {
+            return Err(MeshError::Closed);
+        }
+        let slot = self
+            .shared
+            .lock_peers()
+            .get(node_id)
+            .cloned()
+            .ok_or_else(|| MeshError::UnknownNode(node_id.to_string()))?;
+        let link = slot
+            .link()
+            .ok_or_else(|| MeshError::NotLinked(node_id.to_string()))?;
+        link.forward(&self.shared.stats, process_id, delivery_id, message)
+    }
+
+    /// The peers with an authenticated outgoing link now, sorted.
+    pub fn linked(&self) -> Vec<String> {
+        self.shared.linked.borrow().iter().cloned().collect()
+    }
+
+    /// Follows the set of peers with an authenticated outgoing link.
+    pub fn watch_linked(&self) -> watch::Receiver<BTreeSet<String>> {
+        self.shared.linked.subscribe()
+    }
+
+    /// Waits until every one of `nodes` has an authenticated outgoing link
+    /// (wrap it in a timeout).
+    pub async fn wait_linked(&self, nodes: &[&str]) {
+        let mut linked = self.shared.linked.subscribe();
+        // The sender lives as long as `self`, so this only ends when done.
+        let _ = linked
+            .wait_for(|linked| nodes.iter().all(|node| linked.contains(*node)))
+            .await;
+    }
+
+    /// Closes every outgoing link (their forwards waiting for an answer
+    /// resolve as [`ForwardOutcome::Lost`]) and refuses new forwards and
+    /// peers from now on. Idempotent. Incoming links close when
+    /// [`Mesh::serve`]'s shutdown is cancelled (which calls this too).
+    pub fn close(&self) {
+        self.shared.closed.cancel();
+        let slots: Vec<_> = self.shared.lock_peers().drain().map(|(_, s)| s).collect();
+        for slot in slots {
+            slot.stop("the mesh is shutting down", &self.shared.stats);
+        }
+        self.shared.tasks.close();
+        self.shared.publish_linked();
+    }
+
+    /// Waits until the tasks of the outgoing links have ended (after
+    /// [`Mesh::close`]).
+    pub async fn closed(&self) {
+        self.shared.tasks.wait().await;
+    }
+
+    /// This node's id.
+    pub fn node_id(&self) -> &str {
+        &self.shared.options.node_id
+    }
+
+    /// The mesh's options.
+    pub fn options(&self) -> &MeshOptions {
+        &self.shared.options
+    }
+
+    /// The mesh's counters.
+    pub fn stats(&self) -> &MeshStats {
+        &self.shared.stats
+    }
+
+    fn gateway(&self) -> &Arc<Gateway> {
+        &self.gateway
+    }
+}
+
+impl Drop for Mesh {
+    fn drop(&mut self) {
+        self.close();
+    }
+}
+
+/// Milliseconds since the Unix epoch, by this node's clock.
+fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+}
+
+/// The keepalive interval, at least [`MIN_KEEPALIVE`].
+fn keepalive(options: &MeshOptions) -> Duration {
+    options.keepalive.max(MIN_KEEPALIVE)
+}
+
+/// The shortest keepalive interval used, whatever the options say.
+const MIN_KEEPALIVE: Duration = Duration::from_millis(10);

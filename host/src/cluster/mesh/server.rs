@@ -1,0 +1,384 @@
+//! Incoming links: accepting the peers' connections, authenticating each
+//! dialer's `MeshHello`, then handing its `Forward`s to the gateway in the
+//! order they arrive and answering each with a `ForwardAck` when the
+//! process answers (in whatever order that happens).
+//!
+//! Anything a peer sends that is not a valid frame, not allowed at that
+//! point, or does not authenticate gets an `Error` frame and the link is
+//! closed; the node and its other links are not affected.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bytes::Bytes;
+use futures::stream::FuturesUnordered;
+use futures::{SinkExt as _, StreamExt as _};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{mpsc, oneshot};
+use tokio::time::Instant;
+use tokio_util::codec::Framed;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+use wasmrelay_protocol::mesh_auth::{MAX_CLOCK_SKEW_MS, verify_hello, welcome_mac};
+use wasmrelay_protocol::v1::{self, ErrorCode, ForwardResult};
+use wasmrelay_protocol::{Frame, FrameCodec, Kind, PROTOCOL_VERSION};
+
+use super::link::{NONCE_BYTES, code_name};
+use super::wire::{self, Conn};
+use super::{Mesh, bump, keepalive, now_ms};
+use crate::gateway::{DeliverError, DeliveryResult};
+
+/// Remembers the nonces of accepted `MeshHello`s for as long as the hello
+/// could still pass the clock check, so a recorded hello cannot be replayed
+/// to open a link.
+#[derive(Debug, Default)]
+pub(super) struct ReplayGuard {
+    seen: Mutex<HashMap<Bytes, i64>>,
+}
+
+impl ReplayGuard {
+    /// Records `nonce`; false when it was seen within the window.
+    fn first_use(&self, nonce: &Bytes, now_ms: i64) -> bool {
+        let mut seen = self.seen.lock().unwrap_or_else(|e| e.into_inner());
+        // A hello passes the clock check for up to a skew after its time,
+        // which is up to a skew after the first use.
+        seen.retain(|_, first| now_ms - *first <= 2 * MAX_CLOCK_SKEW_MS);
+        seen.insert(nonce.clone(), now_ms).is_none()
+    }
+}
+
+/// Why an incoming link was refused, and what to tell the dialer (nothing
+/// when the connection is gone already).
+struct Refusal {
+    code: Option<ErrorCode>,
+    reason: String,
+}
+
+impl Refusal {
+    fn new(code: ErrorCode, reason: impl Into<String>) -> Refusal {
+        Refusal {
+            code: Some(code),
+            reason: reason.into(),
+        }
+    }
+}
+
+/// Accepts links until `shutdown`, then closes them all (and the outgoing
+/// ones) and waits for the incoming ones to end.
+pub(super) async fn serve(mesh: Arc<Mesh>, listener: TcpListener, shutdown: CancellationToken) {
+    let links = TaskTracker::new();
+    loop {
+        let accepted = tokio::select! {
+            _ = shutdown.cancelled() => break,
+            accepted = listener.accept() => accepted,
+        };
+        match accepted {
+            Ok((stream, peer)) => {
+                links.spawn(serve_link(mesh.clone(), stream, peer, shutdown.clone()));
+            }
+            Err(error) => {
+                // Out of file descriptors and the like: wait, do not spin.
+                tracing::warn!(%error, "accepting a mesh connection failed");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
+    }
+    drop(listener);
+    mesh.close();
+    links.close();
+    links.wait().await;
+}
+
+/// Serves one accepted connection until it ends.
+async fn serve_link(
+    mesh: Arc<Mesh>,
+    stream: TcpStream,
+    peer: SocketAddr,
+    shutdown: CancellationToken,
+) {
+    let _ = stream.set_nodelay(true);
+    let options = mesh.options().clone();
+    let stats = mesh.stats();
+    let mut conn = Framed::new(stream, FrameCodec::new(options.max_frame_bytes));
+    let hello = tokio::select! {
+        _ = shutdown.cancelled() => Err(Refusal::new(ErrorCode::ShuttingDown, "the node is shutting down")),
+        hello = handshake(&mesh, &mut conn) => hello,
+    };
+    let hello = match hello {
+        Ok(hello) => hello,
+        Err(refusal) => {
+            match refusal.code {
+                Some(ErrorCode::Unauthorized) => bump(&stats.unauthorized),
+                Some(ErrorCode::ShuttingDown) | None => {}
+                Some(_) => bump(&stats.protocol_errors),
+            }
+            if refusal.code.is_some() {
+                tracing::warn!(%peer, code = ?refusal.code, reason = %refusal.reason, "refusing a mesh link");
+            } else {
+                tracing::debug!(%peer, reason = %refusal.reason, "a mesh connection ended before its handshake");
+            }
+            let last_word = refusal.code.map(|code| Frame::error(code, refusal.reason));
+            wire::refuse(&mut conn, last_word).await;
+            return;
+        }
+    };
+    let welcome = v1::MeshWelcome {
+        node_id: options.node_id.clone(),
+        mac: welcome_mac(&options.secret, &options.node_id, &hello.nonce).into(),
+    };
+    if conn
+        .send(Frame::of(Kind::MeshWelcome(welcome)))
+        .await
+        .is_err()
+    {
+        return;
+    }
+    bump(&stats.links_accepted);
+    let from = hello.node_id;
+    tracing::info!(peer = %from, %peer, "mesh link accepted");
+
+    let (sink, mut frames) = conn.split();
+    let (queue, queue_rx) = mpsc::channel(options.link_queue.max(1));
+    let closed = CancellationToken::new();
+    let writer = tokio::spawn(wire::write_frames(sink, queue_rx, closed.clone()));
+    let mut answers = FuturesUnordered::new();
+    let idle_timeout = keepalive(&options) * 3;
+    let idle = tokio::time::sleep(idle_timeout);
+    tokio::pin!(idle);
+    let (reason, last_word) = loop {
+        let next = tokio::select! {
+            _ = shutdown.cancelled() => break (
+                "the node is shutting down".to_string(),
+                Some(Frame::error(ErrorCode::ShuttingDown, "the node is shutting down")),
+            ),
+            _ = closed.cancelled() => break ("writing to the peer failed".to_string(), None),
+            Some((seq, answer)) = answers.next(), if !answers.is_empty() => {
+                if !enqueue(&queue, &closed, forward_ack(seq, answer)).await {
+                    break ("writing to the peer failed".to_string(), None);
+                }
+                continue;
+            }
+            _ = &mut idle => {
+                let reason = format!("nothing received for {idle_timeout:?}");
+                break (reason.clone(), Some(Frame::error(ErrorCode::IdleTimeout, reason)));
+            }
+            next = frames.next() => next,
+        };
+        idle.as_mut().reset(Instant::now() + idle_timeout);
+        let frame = match next {
+            None => break ("the peer closed the link".to_string(), None),
+            Some(Err(error)) => {
+                let reason = error.to_string();
+                let last_word = error.code().map(|code| {
+                    bump(&stats.protocol_errors);
+                    Frame::error(code, reason.clone())
+                });
+                break (reason, last_word);
+            }
+            Some(Ok(frame)) => frame,
+        };
+        let reply = match frame.kind {
+            Some(Kind::Forward(forward)) => {
+                bump(&stats.forwards_received);
+                let Some(message) = forward.message else {
+                    bump(&stats.protocol_errors);
+                    let reason = format!("Forward {} has no message", forward.seq);
+                    break (
+                        reason.clone(),
+                        Some(Frame::error(ErrorCode::ProtocolViolation, reason)),
+                    );
+                };
+                match mesh
+                    .gateway()
+                    .deliver(&forward.process_id, forward.delivery_id, message)
+                {
+                    Ok(answer) => {
+                        answers.push(await_answer(forward.seq, answer));
+                        None
+                    }
+                    Err(error @ DeliverError::NotHere(_)) => {
+                        Some(Frame::of(Kind::ForwardAck(v1::ForwardAck {
+                            seq: forward.seq,
+                            result: ForwardResult::NotHere as i32,
+                            reason: error.to_string(),
+                        })))
+                    }
+                }
+            }
+            Some(Kind::Ping(ping)) => Some(Frame::of(Kind::Pong(v1::Pong { nonce: ping.nonce }))),
+            Some(Kind::Pong(_)) => None,
+            Some(Kind::Error(error)) => {
+                break (
+                    format!(
+                        "the peer closed the link: {}: {}",
+                        code_name(error.code),
+                        error.message
+                    ),
+                    None,
+                );
+            }
+            Some(other) => {
+                bump(&stats.protocol_errors);
+                let reason = format!(
+                    "a node may not send {} frames on a mesh link it dialed",
+                    other.name()
+                );
+                break (
+                    reason.clone(),
+                    Some(Frame::error(ErrorCode::ProtocolViolation, reason)),
+                );
+            }
+            None => {
+                bump(&stats.protocol_errors);
+                let reason = "a frame without a kind".to_string();
+                break (
+                    reason.clone(),
+                    Some(Frame::error(ErrorCode::BadFrame, reason)),
+                );
+            }
+        };
+        if let Some(reply) = reply
+            && !enqueue(&queue, &closed, reply).await
+        {
+            break ("writing to the peer failed".to_string(), None);
+        }
+    };
+    if last_word.is_some() {
+        tracing::info!(peer = %from, %peer, %reason, "closing a mesh link");
+    } else {
+        tracing::debug!(peer = %from, %peer, %reason, "mesh link closed");
+    }
+    closed.cancel();
+    match writer.await {
+        Ok((sink, error)) => {
+            if let Some(error) = error {
+                tracing::debug!(peer = %from, %peer, %error, "writing to a mesh peer failed");
+            }
+            wire::farewell(sink, last_word).await;
+        }
+        Err(error) => tracing::warn!(peer = %from, %peer, %error, "a mesh link writer failed"),
+    }
+    // Forwards still with the gateway are not answered: the dialer resolves
+    // them as lost and delivers them again.
+}
+
+/// Waits for a dialer's `MeshHello` and checks it.
+async fn handshake(mesh: &Mesh, conn: &mut Conn) -> Result<v1::MeshHello, Refusal> {
+    let options = mesh.options();
+    let frame = match tokio::time::timeout(options.connect_timeout, conn.next()).await {
+        Err(_) => {
+            return Err(Refusal::new(
+                ErrorCode::IdleTimeout,
+                format!("no MeshHello within {:?}", options.connect_timeout),
+            ));
+        }
+        Ok(None) => {
+            return Err(Refusal {
+                code: None,
+                reason: "the connection closed before its MeshHello".to_string(),
+            });
+        }
+        Ok(Some(Err(error))) => {
+            return Err(Refusal {
+                code: error.code(),
+                reason: error.to_string(),
+            });
+        }
+        Ok(Some(Ok(frame))) => frame,
+    };
+    let hello = match frame.kind {
+        Some(Kind::MeshHello(hello)) => hello,
+        _ => {
+            return Err(Refusal::new(
+                ErrorCode::ProtocolViolation,
+                format!(
+                    "the first frame on a mesh link must be a MeshHello, not {}",
+                    frame.kind_name()
+                ),
+            ));
+        }
+    };
+    if hello.protocol_version != PROTOCOL_VERSION {
+        return Err(Refusal::new(
+            ErrorCode::UnsupportedVersion,
+            format!(
+                "this node speaks protocol version {PROTOCOL_VERSION}; node `{}` sent version {}",
+                hello.node_id, hello.protocol_version
+            ),
+        ));
+    }
+    if hello.to_node_id != options.node_id {
+        return Err(Refusal::new(
+            ErrorCode::Unauthorized,
+            format!(
+                "node `{}` dialed node `{}`, but this is node `{}`",
+                hello.node_id, hello.to_node_id, options.node_id
+            ),
+        ));
+    }
+    if hello.nonce.len() != NONCE_BYTES {
+        return Err(Refusal::new(
+            ErrorCode::Unauthorized,
+            format!(
+                "the nonce of node `{}` is {} bytes long, not {NONCE_BYTES}",
+                hello.node_id,
+                hello.nonce.len()
+            ),
+        ));
+    }
+    let now = now_ms();
+    verify_hello(&options.secret, &hello, now)
+        .map_err(|reason| Refusal::new(ErrorCode::Unauthorized, reason))?;
+    if !mesh.replays.first_use(&hello.nonce, now) {
+        return Err(Refusal::new(
+            ErrorCode::Unauthorized,
+            format!(
+                "the MeshHello of node `{}` was used before (a replay?)",
+                hello.node_id
+            ),
+        ));
+    }
+    Ok(hello)
+}
+
+/// The answer of the gateway to forward `seq`, when it comes.
+async fn await_answer(
+    seq: u64,
+    answer: oneshot::Receiver<DeliveryResult>,
+) -> (u64, Result<DeliveryResult, oneshot::error::RecvError>) {
+    (seq, answer.await)
+}
+
+/// The `ForwardAck` for the process's answer to forward `seq`.
+fn forward_ack(seq: u64, answer: Result<DeliveryResult, oneshot::error::RecvError>) -> Frame {
+    let (result, reason) = match answer {
+        Ok(DeliveryResult::Acked) => (ForwardResult::Delivered, String::new()),
+        Ok(DeliveryResult::Nacked(reason)) => (
+            ForwardResult::Failed,
+            format!("the process nacked it: {reason}"),
+        ),
+        Ok(DeliveryResult::Lost(reason)) => (
+            ForwardResult::Failed,
+            format!("the process's connection ended before it answered: {reason}"),
+        ),
+        Err(_) => (
+            ForwardResult::Failed,
+            "the process's connection ended before it answered".to_string(),
+        ),
+    };
+    Frame::of(Kind::ForwardAck(v1::ForwardAck {
+        seq,
+        result: result as i32,
+        reason,
+    }))
+}
+
+/// Queues a frame to the peer; false when the link is closing.
+async fn enqueue(queue: &mpsc::Sender<Frame>, closed: &CancellationToken, frame: Frame) -> bool {
+    tokio::select! {
+        _ = closed.cancelled() => false,
+        sent = queue.send(frame) => sent.is_ok(),
+    }
+}

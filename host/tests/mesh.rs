@@ -1,0 +1,742 @@
+//! The mesh between relay nodes over real TCP: nodes (a mesh and a gateway
+//! each) in one test process, business processes as raw frame clients of
+//! the gateways, and raw mesh connections for what a misbehaving peer
+//! sends: forwarding and its outcomes, order, authentication, broken and
+//! silent peers, and bad input while the other links go on working.
+
+#![allow(clippy::unwrap_used)]
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use futures::future::BoxFuture;
+use futures::{FutureExt as _, SinkExt as _, StreamExt as _};
+use tokio::io::AsyncWriteExt as _;
+use tokio::net::{TcpListener, TcpStream};
+use tokio::task::JoinHandle;
+use tokio_util::codec::Framed;
+use tokio_util::sync::CancellationToken;
+use wasmrelay::cluster::mesh::{ForwardOutcome, Mesh, MeshError, MeshOptions};
+use wasmrelay::gateway::{Gateway, GatewayOptions, Upstream};
+use wasmrelay_protocol::mesh_auth::{hello_mac, verify_welcome, welcome_mac};
+use wasmrelay_protocol::v1::{self, ErrorCode};
+use wasmrelay_protocol::{Frame, FrameCodec, Kind};
+
+const STEP: Duration = Duration::from_secs(5);
+const SECRET: &[u8] = b"the cluster secret";
+const KEEPALIVE: Duration = Duration::from_millis(200);
+const MAX_FRAME: usize = 64 * 1024;
+
+struct NoUpstream;
+
+impl Upstream for NoUpstream {
+    fn send(&self, _process_id: &str, _send: v1::Send) -> BoxFuture<'static, Result<(), String>> {
+        async { Err("no upstream in this test".to_string()) }.boxed()
+    }
+}
+
+/// A relay node as far as the mesh is concerned: its gateway and its mesh.
+struct Node {
+    id: String,
+    gateway: Arc<Gateway>,
+    gateway_addr: SocketAddr,
+    mesh: Arc<Mesh>,
+    mesh_addr: SocketAddr,
+    stop: CancellationToken,
+    serving: JoinHandle<()>,
+}
+
+fn mesh_options(id: &str, secret: &[u8]) -> MeshOptions {
+    MeshOptions {
+        node_id: id.to_string(),
+        secret: secret.to_vec(),
+        max_frame_bytes: MAX_FRAME,
+        link_queue: 1024,
+        connect_timeout: Duration::from_secs(1),
+        keepalive: KEEPALIVE,
+        reconnect_backoff: (Duration::from_millis(20), Duration::from_millis(200)),
+    }
+}
+
+async fn start(id: &str, secret: &[u8]) -> Node {
+    start_on(mesh_options(id, secret), "127.0.0.1:0".parse().unwrap()).await
+}
+
+async fn start_on(options: MeshOptions, mesh_addr: SocketAddr) -> Node {
+    let id = options.node_id.clone();
+    let gateway = Gateway::new(
+        GatewayOptions {
+            node_id: id.clone(),
+            keepalive: Duration::from_secs(10),
+            hello_timeout: Duration::from_secs(2),
+            send_queue: 256,
+            max_unacked: 256,
+            max_frame_bytes: MAX_FRAME,
+        },
+        Arc::new(NoUpstream),
+        None,
+    );
+    let stop = CancellationToken::new();
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let gateway_addr = listener.local_addr().unwrap();
+    tokio::spawn(gateway.clone().serve(listener, stop.clone()));
+    let mesh = Mesh::new(options, gateway.clone());
+    let listener = TcpListener::bind(mesh_addr).await.unwrap();
+    let mesh_addr = listener.local_addr().unwrap();
+    let serving = tokio::spawn(mesh.clone().serve(listener, stop.clone()));
+    Node {
+        id,
+        gateway,
+        gateway_addr,
+        mesh,
+        mesh_addr,
+        stop,
+        serving,
+    }
+}
+
+impl Node {
+    /// Stops the node (mesh listener, links, gateway) and waits until its
+    /// mesh listener is closed.
+    async fn stop(self) {
+        self.stop.cancel();
+        tokio::time::timeout(STEP, self.serving)
+            .await
+            .expect("the mesh did not stop within 5 s")
+            .unwrap();
+    }
+}
+
+/// Tells every node about every other.
+fn link_all(nodes: &[&Node]) {
+    for node in nodes {
+        node.mesh.set_peers(
+            nodes
+                .iter()
+                .map(|peer| (peer.id.clone(), peer.mesh_addr.to_string()))
+                .collect(),
+        );
+    }
+}
+
+fn peers(nodes: &[&Node]) -> BTreeMap<String, String> {
+    nodes
+        .iter()
+        .map(|node| (node.id.clone(), node.mesh_addr.to_string()))
+        .collect()
+}
+
+async fn wait_linked(node: &Node, peers: &[&str]) {
+    tokio::time::timeout(STEP, node.mesh.wait_linked(peers))
+        .await
+        .unwrap_or_else(|_| {
+            panic!(
+                "node {} not linked to {peers:?} within 5 s (linked: {:?})",
+                node.id,
+                node.mesh.linked()
+            )
+        });
+}
+
+async fn wait_until(what: &str, done: impl Fn() -> bool) {
+    tokio::time::timeout(STEP, async {
+        while !done() {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    })
+    .await
+    .unwrap_or_else(|_| panic!("{what}: not within 5 s"));
+}
+
+async fn outcome(answer: tokio::sync::oneshot::Receiver<ForwardOutcome>) -> ForwardOutcome {
+    tokio::time::timeout(STEP, answer)
+        .await
+        .expect("no outcome within 5 s")
+        .expect("the outcome was dropped")
+}
+
+fn message(value: &str) -> v1::Message {
+    v1::Message {
+        value: Bytes::from(value.to_string()),
+        ..v1::Message::default()
+    }
+}
+
+type Conn = Framed<TcpStream, FrameCodec>;
+
+async fn next(conn: &mut Conn) -> Option<Frame> {
+    tokio::time::timeout(STEP, conn.next())
+        .await
+        .expect("no frame within 5 s")
+        .map(Result::unwrap)
+}
+
+/// A business process registered on `node`'s gateway.
+async fn register(node: &Node, process_id: &str) -> Conn {
+    let mut conn = Framed::new(
+        TcpStream::connect(node.gateway_addr).await.unwrap(),
+        FrameCodec::new(MAX_FRAME),
+    );
+    conn.send(Frame::of(Kind::Hello(v1::Hello {
+        protocol_version: 1,
+        process_id: process_id.to_string(),
+        client_name: "test".to_string(),
+        accepts_redirect: false,
+    })))
+    .await
+    .unwrap();
+    assert!(matches!(
+        next(&mut conn).await.unwrap().kind,
+        Some(Kind::Welcome(_))
+    ));
+    wait_until("the process registered", || {
+        node.gateway.session(process_id).is_some()
+    })
+    .await;
+    conn
+}
+
+async fn next_delivery(conn: &mut Conn) -> v1::Deliver {
+    match next(conn).await.expect("closed").kind {
+        Some(Kind::Deliver(deliver)) => deliver,
+        other => panic!("expected a delivery, got {other:?}"),
+    }
+}
+
+/// The connection's next frame is an error with `code`, then it closes.
+async fn expect_error_and_close(conn: &mut Conn, code: ErrorCode) -> String {
+    let frame = next(conn).await.expect("closed without an error frame");
+    let Some(Kind::Error(error)) = frame.kind else {
+        panic!("expected an error, got {frame:?}");
+    };
+    assert_eq!(error.code, code as i32, "{}", error.message);
+    assert!(next(conn).await.is_none(), "not closed after the error");
+    error.message
+}
+
+fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as i64
+}
+
+fn mesh_hello(from: &str, to: &str, secret: &[u8], nonce: [u8; 16], time_ms: i64) -> Frame {
+    Frame::of(Kind::MeshHello(v1::MeshHello {
+        protocol_version: 1,
+        node_id: from.to_string(),
+        to_node_id: to.to_string(),
+        nonce: Bytes::copy_from_slice(&nonce),
+        time_ms,
+        mac: hello_mac(secret, from, to, &nonce, time_ms).into(),
+    }))
+}
+
+async fn raw_mesh(node: &Node) -> Conn {
+    Framed::new(
+        TcpStream::connect(node.mesh_addr).await.unwrap(),
+        FrameCodec::new(MAX_FRAME),
+    )
+}
+
+/// A raw connection to `node`'s mesh port, authenticated as node `x`.
+async fn raw_linked(node: &Node, nonce: [u8; 16]) -> Conn {
+    let mut conn = raw_mesh(node).await;
+    conn.send(mesh_hello("x", &node.id, SECRET, nonce, now_ms()))
+        .await
+        .unwrap();
+    match next(&mut conn).await.expect("closed").kind {
+        Some(Kind::MeshWelcome(welcome)) => {
+            assert_eq!(welcome.node_id, node.id);
+            verify_welcome(SECRET, &welcome, &nonce).unwrap();
+        }
+        other => panic!("expected a MeshWelcome, got {other:?}"),
+    }
+    conn
+}
+
+#[tokio::test]
+async fn forwards_reach_a_process_on_another_node_in_order_and_their_acks_come_back() {
+    let a = start("a", SECRET).await;
+    let b = start("b", SECRET).await;
+    link_all(&[&a, &b]);
+    wait_linked(&a, &["b"]).await;
+    wait_linked(&b, &["a"]).await;
+    assert_eq!(a.mesh.linked(), vec!["b".to_string()]);
+    assert_eq!(b.mesh.linked(), vec!["a".to_string()]);
+
+    let mut process = register(&b, "p-1").await;
+    let answers: Vec<_> = (0..100)
+        .map(|n| {
+            let mut message = message(&format!("m{n}"));
+            message.key = Some(Bytes::from(format!("k{n}")));
+            message.headers = vec![v1::Header {
+                name: "h".to_string(),
+                value: Bytes::from_static(b"v"),
+            }];
+            message.offset = n;
+            a.mesh
+                .forward("b", "p-1", format!("t/0/{n}"), message)
+                .unwrap()
+        })
+        .collect();
+    let mut seqs = Vec::new();
+    for n in 0..100 {
+        let deliver = next_delivery(&mut process).await;
+        assert_eq!(deliver.delivery_id, format!("t/0/{n}"), "out of order");
+        let message = deliver.message.unwrap();
+        assert_eq!(message.value, format!("m{n}"));
+        assert_eq!(message.key.unwrap(), format!("k{n}"));
+        assert_eq!(message.headers[0].name, "h");
+        assert_eq!(message.offset, n);
+        seqs.push(deliver.seq);
+    }
+    // Acks go back in whatever order the process answers.
+    for seq in seqs.into_iter().rev() {
+        process
+            .send(Frame::of(Kind::Ack(v1::Ack { seq })))
+            .await
+            .unwrap();
+    }
+    for answer in answers {
+        assert_eq!(outcome(answer).await, ForwardOutcome::Delivered);
+    }
+    assert_eq!(a.mesh.stats().forwards_sent(), 100);
+    assert_eq!(a.mesh.stats().forwards_delivered(), 100);
+    assert_eq!(b.mesh.stats().forwards_received(), 100);
+
+    // The other way round, on B's own link to A.
+    let mut other = register(&a, "p-2").await;
+    let answer = b
+        .mesh
+        .forward("a", "p-2", "t/1/0".to_string(), message("back"))
+        .unwrap();
+    let deliver = next_delivery(&mut other).await;
+    other
+        .send(Frame::of(Kind::Ack(v1::Ack { seq: deliver.seq })))
+        .await
+        .unwrap();
+    assert_eq!(outcome(answer).await, ForwardOutcome::Delivered);
+    assert_eq!(b.mesh.stats().forwards_delivered(), 1);
+}
+
+#[tokio::test]
+async fn an_unknown_process_is_not_here_and_a_nack_or_a_lost_connection_fails() {
+    let a = start("a", SECRET).await;
+    let b = start("b", SECRET).await;
+    link_all(&[&a, &b]);
+    wait_linked(&a, &["b"]).await;
+
+    let answer = a
+        .mesh
+        .forward("b", "nobody", "t/0/0".to_string(), message("x"))
+        .unwrap();
+    match outcome(answer).await {
+        ForwardOutcome::NotHere(reason) => assert!(reason.contains("nobody"), "{reason}"),
+        other => panic!("expected NotHere, got {other:?}"),
+    }
+
+    let mut process = register(&b, "p-1").await;
+    let answer = a
+        .mesh
+        .forward("b", "p-1", "t/0/1".to_string(), message("x"))
+        .unwrap();
+    let deliver = next_delivery(&mut process).await;
+    process
+        .send(Frame::of(Kind::Nack(v1::Nack {
+            seq: deliver.seq,
+            reason: "too busy".to_string(),
+        })))
+        .await
+        .unwrap();
+    match outcome(answer).await {
+        ForwardOutcome::Failed(reason) => assert!(reason.contains("too busy"), "{reason}"),
+        other => panic!("expected Failed, got {other:?}"),
+    }
+
+    // The process goes away before it answers.
+    let answer = a
+        .mesh
+        .forward("b", "p-1", "t/0/2".to_string(), message("x"))
+        .unwrap();
+    next_delivery(&mut process).await;
+    drop(process);
+    match outcome(answer).await {
+        ForwardOutcome::Failed(reason) => assert!(reason.contains("connection ended"), "{reason}"),
+        other => panic!("expected Failed, got {other:?}"),
+    }
+    assert_eq!(a.mesh.stats().forwards_not_here(), 1);
+    assert_eq!(a.mesh.stats().forwards_failed(), 2);
+
+    // Refused before anything is sent: an unknown node, a frame too large.
+    assert_eq!(
+        a.mesh
+            .forward("zzz", "p-1", "t/0/3".to_string(), message("x"))
+            .unwrap_err(),
+        MeshError::UnknownNode("zzz".to_string())
+    );
+    let huge = message(&"x".repeat(MAX_FRAME));
+    assert!(matches!(
+        a.mesh.forward("b", "p-1", "t/0/4".to_string(), huge),
+        Err(MeshError::TooLarge { max: MAX_FRAME, .. })
+    ));
+    // Neither hurt the link.
+    let answer = a
+        .mesh
+        .forward("b", "nobody", "t/0/5".to_string(), message("x"))
+        .unwrap();
+    assert!(matches!(outcome(answer).await, ForwardOutcome::NotHere(_)));
+    assert_eq!(a.mesh.stats().links_established(), 1);
+}
+
+#[tokio::test]
+async fn nodes_with_a_different_secret_never_link_and_the_right_secret_does() {
+    let a = start("a", SECRET).await;
+    let b = start("b", b"not the cluster secret").await;
+    link_all(&[&a, &b]);
+    // Each refuses the other's hello, again and again.
+    wait_until("both sides refused a hello", || {
+        a.mesh.stats().unauthorized() >= 2 && b.mesh.stats().unauthorized() >= 2
+    })
+    .await;
+    assert!(
+        tokio::time::timeout(Duration::from_secs(2), a.mesh.wait_linked(&["b"]))
+            .await
+            .is_err(),
+        "a linked to b without the secret"
+    );
+    assert!(a.mesh.linked().is_empty());
+    assert!(b.mesh.linked().is_empty());
+    assert_eq!(a.mesh.stats().links_accepted(), 0);
+    assert_eq!(b.mesh.stats().links_accepted(), 0);
+    assert!(a.mesh.stats().dial_failures() >= 2);
+    assert_eq!(
+        a.mesh
+            .forward("b", "p", "t/0/0".to_string(), message("x"))
+            .unwrap_err(),
+        MeshError::NotLinked("b".to_string())
+    );
+
+    // A node with the right secret links with a (and b still does not).
+    let c = start("c", SECRET).await;
+    a.mesh.set_peers(peers(&[&b, &c]));
+    c.mesh.set_peers(peers(&[&a]));
+    wait_linked(&a, &["c"]).await;
+    wait_linked(&c, &["a"]).await;
+    assert_eq!(a.mesh.linked(), vec!["c".to_string()]);
+}
+
+#[tokio::test]
+async fn the_acceptor_checks_every_part_of_the_hello() {
+    let b = start("b", SECRET).await;
+
+    // A good hello is welcomed with a MAC over its nonce; pings answered.
+    let nonce = [7u8; 16];
+    let time_ms = now_ms();
+    let mut conn = raw_mesh(&b).await;
+    conn.send(mesh_hello("x", "b", SECRET, nonce, time_ms))
+        .await
+        .unwrap();
+    let Some(Kind::MeshWelcome(welcome)) = next(&mut conn).await.unwrap().kind else {
+        panic!("expected a MeshWelcome");
+    };
+    assert_eq!(welcome.node_id, "b");
+    assert_eq!(welcome.mac, welcome_mac(SECRET, "b", &nonce));
+    conn.send(Frame::of(Kind::Ping(v1::Ping { nonce: 9 })))
+        .await
+        .unwrap();
+    assert!(matches!(
+        next(&mut conn).await.unwrap().kind,
+        Some(Kind::Pong(v1::Pong { nonce: 9 }))
+    ));
+    // A dialer may not answer forwards.
+    conn.send(Frame::of(Kind::ForwardAck(v1::ForwardAck::default())))
+        .await
+        .unwrap();
+    expect_error_and_close(&mut conn, ErrorCode::ProtocolViolation).await;
+
+    // The same hello again is a replay.
+    let mut conn = raw_mesh(&b).await;
+    conn.send(mesh_hello("x", "b", SECRET, nonce, time_ms))
+        .await
+        .unwrap();
+    let why = expect_error_and_close(&mut conn, ErrorCode::Unauthorized).await;
+    assert!(why.contains("used before"), "{why}");
+
+    // Meant for another node.
+    let mut conn = raw_mesh(&b).await;
+    conn.send(mesh_hello("x", "c", SECRET, [1; 16], now_ms()))
+        .await
+        .unwrap();
+    let why = expect_error_and_close(&mut conn, ErrorCode::Unauthorized).await;
+    assert!(why.contains("`c`"), "{why}");
+
+    // The wrong secret.
+    let mut conn = raw_mesh(&b).await;
+    conn.send(mesh_hello("x", "b", b"guess", [2; 16], now_ms()))
+        .await
+        .unwrap();
+    let why = expect_error_and_close(&mut conn, ErrorCode::Unauthorized).await;
+    assert!(why.contains("secret"), "{why}");
+
+    // Ten minutes old.
+    let mut conn = raw_mesh(&b).await;
+    conn.send(mesh_hello("x", "b", SECRET, [3; 16], now_ms() - 600_000))
+        .await
+        .unwrap();
+    let why = expect_error_and_close(&mut conn, ErrorCode::Unauthorized).await;
+    assert!(why.contains("clocks"), "{why}");
+
+    // Another version; something other than a hello first.
+    let mut conn = raw_mesh(&b).await;
+    let Some(Kind::MeshHello(mut hello)) = mesh_hello("x", "b", SECRET, [4; 16], now_ms()).kind
+    else {
+        unreachable!()
+    };
+    hello.protocol_version = 2;
+    conn.send(Frame::of(Kind::MeshHello(hello))).await.unwrap();
+    expect_error_and_close(&mut conn, ErrorCode::UnsupportedVersion).await;
+    let mut conn = raw_mesh(&b).await;
+    conn.send(Frame::of(Kind::Forward(v1::Forward::default())))
+        .await
+        .unwrap();
+    expect_error_and_close(&mut conn, ErrorCode::ProtocolViolation).await;
+
+    assert_eq!(b.mesh.stats().unauthorized(), 4);
+    assert_eq!(b.mesh.stats().links_accepted(), 1);
+}
+
+#[tokio::test]
+async fn a_stopped_peer_loses_the_pending_forwards_and_is_linked_again_when_back() {
+    let a = start("a", SECRET).await;
+    let b = start("b", SECRET).await;
+    link_all(&[&a, &b]);
+    wait_linked(&a, &["b"]).await;
+    wait_linked(&b, &["a"]).await;
+
+    let mut process = register(&b, "p-1").await;
+    let answers: Vec<_> = (0..3)
+        .map(|n| {
+            a.mesh
+                .forward("b", "p-1", format!("t/0/{n}"), message("x"))
+                .unwrap()
+        })
+        .collect();
+    for _ in 0..3 {
+        next_delivery(&mut process).await; // and never answered
+    }
+
+    let b_mesh = b.mesh.clone();
+    let b_addr = b.mesh_addr;
+    b.stop().await;
+    for answer in answers {
+        match outcome(answer).await {
+            ForwardOutcome::Lost(reason) => assert!(reason.contains("`b`"), "{reason}"),
+            other => panic!("expected Lost, got {other:?}"),
+        }
+    }
+    assert_eq!(a.mesh.stats().forwards_lost(), 3);
+    wait_until("a's link to b is down", || a.mesh.linked().is_empty()).await;
+    assert_eq!(
+        a.mesh
+            .forward("b", "p-1", "t/0/9".to_string(), message("x"))
+            .unwrap_err(),
+        MeshError::NotLinked("b".to_string())
+    );
+    // The stopped node's own links are closed too.
+    assert!(b_mesh.linked().is_empty());
+    assert_eq!(
+        b_mesh
+            .forward("a", "p-1", "t/0/9".to_string(), message("x"))
+            .unwrap_err(),
+        MeshError::Closed
+    );
+
+    // B comes back on the same address; A links again by itself.
+    let b = start_on(mesh_options("b", SECRET), b_addr).await;
+    wait_linked(&a, &["b"]).await;
+    assert!(a.mesh.stats().links_established() >= 2);
+    let mut process = register(&b, "p-1").await;
+    let answer = a
+        .mesh
+        .forward("b", "p-1", "t/0/0".to_string(), message("again"))
+        .unwrap();
+    let deliver = next_delivery(&mut process).await;
+    assert_eq!(deliver.delivery_id, "t/0/0");
+    process
+        .send(Frame::of(Kind::Ack(v1::Ack { seq: deliver.seq })))
+        .await
+        .unwrap();
+    assert_eq!(outcome(answer).await, ForwardOutcome::Delivered);
+}
+
+#[tokio::test]
+async fn a_dropped_peer_loses_the_pending_forwards_and_is_no_longer_dialled() {
+    let a = start("a", SECRET).await;
+    let b = start("b", SECRET).await;
+    a.mesh.set_peers(peers(&[&a, &b]));
+    wait_linked(&a, &["b"]).await;
+    let mut process = register(&b, "p-1").await;
+    let answer = a
+        .mesh
+        .forward("b", "p-1", "t/0/0".to_string(), message("x"))
+        .unwrap();
+    next_delivery(&mut process).await;
+
+    // Idempotent: the same set again changes nothing.
+    a.mesh.set_peers(peers(&[&a, &b]));
+    assert_eq!(a.mesh.linked(), vec!["b".to_string()]);
+
+    a.mesh.set_peers(BTreeMap::new());
+    assert!(matches!(outcome(answer).await, ForwardOutcome::Lost(_)));
+    assert!(a.mesh.linked().is_empty());
+    assert_eq!(
+        a.mesh
+            .forward("b", "p-1", "t/0/1".to_string(), message("x"))
+            .unwrap_err(),
+        MeshError::UnknownNode("b".to_string())
+    );
+    wait_until("the link counted as closed", || {
+        a.mesh.stats().links_broken() == 1
+    })
+    .await;
+
+    a.mesh.set_peers(peers(&[&b]));
+    wait_linked(&a, &["b"]).await;
+    assert_eq!(b.mesh.stats().links_accepted(), 2);
+}
+
+#[tokio::test]
+async fn bad_input_on_the_mesh_port_gets_an_error_frame_while_links_keep_working() {
+    let a = start("a", SECRET).await;
+    let b = start("b", SECRET).await;
+    link_all(&[&a, &b]);
+    wait_linked(&a, &["b"]).await;
+    let mut process = register(&b, "p-1").await;
+
+    // Garbage: a length that fits, bytes that are not a Frame.
+    let mut raw = TcpStream::connect(b.mesh_addr).await.unwrap();
+    raw.write_all(&[0, 0, 0, 4, 0xff, 0xff, 0xff, 0xff])
+        .await
+        .unwrap();
+    let mut conn = Framed::new(raw, FrameCodec::new(MAX_FRAME));
+    let why = expect_error_and_close(&mut conn, ErrorCode::BadFrame).await;
+    assert!(why.contains("not a valid Frame"), "{why}");
+
+    // A length over the maximum.
+    let mut raw = TcpStream::connect(b.mesh_addr).await.unwrap();
+    raw.write_all(&10_000_000u32.to_be_bytes()).await.unwrap();
+    let mut conn = Framed::new(raw, FrameCodec::new(MAX_FRAME));
+    expect_error_and_close(&mut conn, ErrorCode::FrameTooLarge).await;
+
+    // Garbage after authenticating; a Forward without a message.
+    let conn = raw_linked(&b, [5; 16]).await;
+    let mut raw = conn.into_inner();
+    raw.write_all(&[0, 0, 0, 2, 0xff, 0xff]).await.unwrap();
+    let mut conn = Framed::new(raw, FrameCodec::new(MAX_FRAME));
+    expect_error_and_close(&mut conn, ErrorCode::BadFrame).await;
+    let mut conn = raw_linked(&b, [6; 16]).await;
+    conn.send(Frame::of(Kind::Forward(v1::Forward {
+        seq: 1,
+        process_id: "p-1".to_string(),
+        delivery_id: "t/0/0".to_string(),
+        message: None,
+    })))
+    .await
+    .unwrap();
+    expect_error_and_close(&mut conn, ErrorCode::ProtocolViolation).await;
+    assert!(b.mesh.stats().protocol_errors() >= 4);
+
+    // Idle for several keepalive intervals: pings keep the link up.
+    tokio::time::sleep(KEEPALIVE * 5).await;
+    assert_eq!(a.mesh.linked(), vec!["b".to_string()]);
+    assert_eq!(a.mesh.stats().links_established(), 1);
+    assert_eq!(a.mesh.stats().links_broken(), 0);
+
+    // The link between the nodes is untouched.
+    let answer = a
+        .mesh
+        .forward("b", "p-1", "t/0/1".to_string(), message("fine"))
+        .unwrap();
+    let deliver = next_delivery(&mut process).await;
+    process
+        .send(Frame::of(Kind::Ack(v1::Ack { seq: deliver.seq })))
+        .await
+        .unwrap();
+    assert_eq!(outcome(answer).await, ForwardOutcome::Delivered);
+}
+
+#[tokio::test]
+async fn a_peer_that_stops_answering_is_dropped_after_three_keepalives_and_dialled_again() {
+    let a = start("a", SECRET).await;
+    // A peer that welcomes, then reads and never writes again.
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let mute_addr = listener.local_addr().unwrap();
+    let (seen_tx, mut seen) = tokio::sync::mpsc::unbounded_channel();
+    tokio::spawn(async move {
+        loop {
+            let (stream, _) = listener.accept().await.unwrap();
+            let mut conn = Framed::new(stream, FrameCodec::new(MAX_FRAME));
+            let Some(Ok(frame)) = conn.next().await else {
+                continue;
+            };
+            let Some(Kind::MeshHello(hello)) = frame.kind else {
+                panic!("expected a MeshHello, got {frame:?}");
+            };
+            conn.send(Frame::of(Kind::MeshWelcome(v1::MeshWelcome {
+                node_id: "mute".to_string(),
+                mac: welcome_mac(SECRET, "mute", &hello.nonce).into(),
+            })))
+            .await
+            .unwrap();
+            let seen_tx = seen_tx.clone();
+            tokio::spawn(async move {
+                while let Some(Ok(frame)) = conn.next().await {
+                    let _ = seen_tx.send(frame.kind_name());
+                }
+                let _ = seen_tx.send("closed");
+            });
+        }
+    });
+
+    a.mesh.set_peers(BTreeMap::from([(
+        "mute".to_string(),
+        mute_addr.to_string(),
+    )]));
+    wait_linked(&a, &["mute"]).await;
+    let started = tokio::time::Instant::now();
+    let answer = a
+        .mesh
+        .forward("mute", "p-1", "t/0/0".to_string(), message("x"))
+        .unwrap();
+    let mut kinds = Vec::new();
+    while !kinds.contains(&"closed") {
+        kinds.push(
+            tokio::time::timeout(STEP, seen.recv())
+                .await
+                .expect("the mute peer's link was not closed within 5 s")
+                .unwrap(),
+        );
+    }
+    assert_eq!(kinds[0], "forward");
+    assert!(kinds.contains(&"ping"), "{kinds:?}");
+    match outcome(answer).await {
+        ForwardOutcome::Lost(reason) => assert!(reason.contains("nothing received"), "{reason}"),
+        other => panic!("expected Lost, got {other:?}"),
+    }
+    let silent = started.elapsed();
+    assert!(
+        silent >= KEEPALIVE * 3 - Duration::from_millis(50) && silent < KEEPALIVE * 10,
+        "broken after {silent:?}"
+    );
+    // Told why before the close, then dialled again.
+    assert!(kinds.contains(&"error"), "{kinds:?}");
+    assert!(a.mesh.stats().links_broken() >= 1);
+    wait_until("the mute peer was dialled again", || {
+        a.mesh.stats().links_established() >= 2
+    })
+    .await;
+}
