@@ -1,0 +1,237 @@
+//! Registering with a node: the TCP connection and the `Hello` exchange,
+//! tried over a list of addresses, following `Redirect`s.
+
+use std::collections::VecDeque;
+
+use futures::{SinkExt, StreamExt};
+use tokio::net::TcpStream;
+use tokio_util::codec::Framed;
+use wasmrelay_protocol::v1::{self, ErrorCode};
+use wasmrelay_protocol::{Frame, FrameCodec, Kind, PROTOCOL_VERSION};
+
+use crate::config::ClientConfig;
+use crate::error::ClientError;
+
+/// The framed socket of a connection.
+pub(crate) type Transport = Framed<TcpStream, FrameCodec>;
+
+/// How many `Redirect`s in a row are followed before giving up on a chain.
+pub(crate) const MAX_REDIRECTS: u32 = 3;
+
+/// How many addresses of one `Redirect` are tried.
+const MAX_REDIRECT_TARGETS: usize = 8;
+
+/// An address to try, and which configured address it stands for (for the
+/// rotation), if any.
+#[derive(Clone, Debug)]
+pub(crate) struct Candidate {
+    pub(crate) address: String,
+    pub(crate) origin: Option<usize>,
+}
+
+/// A connection that got its `Welcome`.
+#[derive(Debug)]
+pub(crate) struct Registered {
+    pub(crate) transport: Transport,
+    pub(crate) welcome: v1::Welcome,
+    /// The address that welcomed the process.
+    pub(crate) address: String,
+    /// The configured address the chain of redirects started from.
+    pub(crate) origin: Option<usize>,
+}
+
+/// Why no candidate welcomed the process.
+#[derive(Debug)]
+pub(crate) enum DialError {
+    /// A permanent refusal (see [`is_permanent`]).
+    Refused {
+        address: String,
+        code: ErrorCode,
+        message: String,
+    },
+    /// Every candidate failed; each failure in order.
+    Unreachable(Vec<(String, String)>),
+}
+
+impl From<DialError> for ClientError {
+    fn from(error: DialError) -> ClientError {
+        match error {
+            DialError::Refused {
+                address,
+                code,
+                message,
+            } => ClientError::Refused {
+                address,
+                code,
+                message,
+            },
+            DialError::Unreachable(failures) => ClientError::Unreachable { failures },
+        }
+    }
+}
+
+/// Error codes that retrying (here or elsewhere) cannot fix.
+pub(crate) fn is_permanent(code: ErrorCode) -> bool {
+    matches!(
+        code,
+        ErrorCode::UnsupportedVersion | ErrorCode::BadProcessId
+    )
+}
+
+/// Tries the candidates in order until one welcomes the process. A
+/// `Redirect` puts its addresses first in line (up to [`MAX_REDIRECTS`]
+/// hops); a permanent refusal stops at once.
+pub(crate) async fn register(
+    config: &ClientConfig,
+    candidates: Vec<Candidate>,
+) -> Result<Registered, DialError> {
+    let mut line: VecDeque<(Candidate, u32)> = candidates.into_iter().map(|c| (c, 0)).collect();
+    let mut failures = Vec::new();
+    while let Some((candidate, hops)) = line.pop_front() {
+        let Candidate { address, origin } = candidate;
+        match attempt(config, &address).await {
+            Ok(Answer::Welcome(transport, welcome)) => {
+                return Ok(Registered {
+                    transport,
+                    welcome,
+                    address,
+                    origin,
+                });
+            }
+            Ok(Answer::Redirect(targets, reason)) => {
+                if targets.is_empty() {
+                    failures.push((address, format!("redirected nowhere ({reason})")));
+                } else if hops >= MAX_REDIRECTS {
+                    failures.push((
+                        address,
+                        format!("redirected to {targets:?} after {hops} redirects already; giving up on this chain"),
+                    ));
+                } else {
+                    tracing::debug!(%address, ?targets, %reason, "redirected");
+                    failures.push((address, format!("redirected to {targets:?} ({reason})")));
+                    for target in targets.into_iter().take(MAX_REDIRECT_TARGETS).rev() {
+                        let candidate = Candidate {
+                            address: target,
+                            origin,
+                        };
+                        line.push_front((candidate, hops + 1));
+                    }
+                }
+            }
+            Err(Attempt::Refused(code, message)) => {
+                return Err(DialError::Refused {
+                    address,
+                    code,
+                    message,
+                });
+            }
+            Err(Attempt::Failed(reason)) => {
+                tracing::debug!(%address, %reason, "connection attempt failed");
+                failures.push((address, reason));
+            }
+        }
+    }
+    Err(DialError::Unreachable(failures))
+}
+
+/// What a node answered to `Hello`.
+enum Answer {
+    Welcome(Transport, v1::Welcome),
+    Redirect(Vec<String>, String),
+}
+
+/// Why one address did not welcome the process.
+enum Attempt {
+    Refused(ErrorCode, String),
+    Failed(String),
+}
+
+/// Connects to `address`, says `Hello` and waits for the answer, all within
+/// the connect timeout.
+async fn attempt(config: &ClientConfig, address: &str) -> Result<Answer, Attempt> {
+    let timeout = config.connect_timeout;
+    match tokio::time::timeout(timeout, handshake(config, address)).await {
+        Ok(result) => result,
+        Err(_) => Err(Attempt::Failed(format!(
+            "no answer within the connect timeout of {timeout:?}"
+        ))),
+    }
+}
+
+async fn handshake(config: &ClientConfig, address: &str) -> Result<Answer, Attempt> {
+    let stream = TcpStream::connect(address)
+        .await
+        .map_err(|e| Attempt::Failed(format!("cannot connect: {e}")))?;
+    if let Err(error) = stream.set_nodelay(true) {
+        tracing::debug!(%error, "cannot set TCP_NODELAY");
+    }
+    let mut transport = Framed::new(stream, FrameCodec::new(config.max_frame_bytes));
+    let hello = Kind::Hello(v1::Hello {
+        protocol_version: PROTOCOL_VERSION,
+        process_id: config.process_id.clone(),
+        client_name: config.client_name.clone(),
+        accepts_redirect: true,
+    });
+    transport
+        .send(Frame::of(hello))
+        .await
+        .map_err(|e| Attempt::Failed(format!("cannot send Hello: {e}")))?;
+    loop {
+        let frame = match transport.next().await {
+            Some(Ok(frame)) => frame,
+            Some(Err(error)) => {
+                if let Some(code) = error.code() {
+                    let _ = transport.send(Frame::error(code, error.to_string())).await;
+                }
+                return Err(Attempt::Failed(format!("bad answer to Hello: {error}")));
+            }
+            None => {
+                return Err(Attempt::Failed(
+                    "the node closed the connection without answering Hello".to_string(),
+                ));
+            }
+        };
+        match frame.kind {
+            Some(Kind::Welcome(welcome)) => {
+                if welcome.protocol_version != PROTOCOL_VERSION {
+                    tracing::warn!(
+                        node_version = welcome.protocol_version,
+                        "the node welcomed the process with another protocol version"
+                    );
+                }
+                return Ok(Answer::Welcome(transport, welcome));
+            }
+            // The connection closes when `transport` is dropped.
+            Some(Kind::Redirect(redirect)) => {
+                return Ok(Answer::Redirect(redirect.addresses, redirect.reason));
+            }
+            Some(Kind::Error(error)) => {
+                let code = ErrorCode::try_from(error.code).unwrap_or(ErrorCode::Unspecified);
+                if is_permanent(code) {
+                    return Err(Attempt::Refused(code, error.message));
+                }
+                return Err(Attempt::Failed(format!(
+                    "{}: {}",
+                    code.as_str_name(),
+                    error.message
+                )));
+            }
+            Some(Kind::Ping(ping)) => {
+                let pong = Frame::of(Kind::Pong(v1::Pong { nonce: ping.nonce }));
+                transport
+                    .send(pong)
+                    .await
+                    .map_err(|e| Attempt::Failed(format!("cannot answer Ping: {e}")))?;
+            }
+            Some(Kind::Pong(_)) => {}
+            _ => {
+                let name = frame.kind_name();
+                let message = format!("unexpected {name} frame before Welcome");
+                let _ = transport
+                    .send(Frame::error(ErrorCode::ProtocolViolation, message.clone()))
+                    .await;
+                return Err(Attempt::Failed(message));
+            }
+        }
+    }
+}
