@@ -17,13 +17,14 @@ use tokio_util::sync::CancellationToken;
 
 use crate::admin::{self, AdminState};
 use crate::center::{ConfigCenter, Reachability};
-use crate::cluster::{ClusterDelivery, DeliveryPolicy, FlowUpstream, ProcessRouter};
-use crate::config::{CenterKind, ClusterConfig, DeliverConfig, RelayConfig};
+use crate::cluster::{
+    ClusterDelivery, ClusterRuntime, DeliveryPolicy, FlowUpstream, ProcessRouter,
+};
+use crate::config::{CenterKind, DeliverConfig, RelayConfig};
 use crate::flow::app::AppClient;
 use crate::flow::chain::PluginChain;
 use crate::flow::handler::Target;
 use crate::flow::{FlowHandler, FlowMessageHandler};
-use crate::gateway::{Gateway, GatewayOptions};
 use crate::kafka::admin::{TopicSpec, ensure_topics};
 use crate::kafka::{ConsumerOptions, LinkInfo};
 use crate::link::KafkaLink;
@@ -36,6 +37,8 @@ use crate::telemetry::metrics::RelayMetrics;
 const CREATED_TOPIC_PARTITIONS: i32 = 3;
 /// How long creating topics may take at start-up.
 const TOPIC_CREATION_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long reading the route table at start may take.
+const ROUTES_CATCH_UP_TIMEOUT: Duration = Duration::from_secs(300);
 /// How long the producers may take to flush at shutdown.
 const FLUSH_TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -68,6 +71,7 @@ pub async fn run_with_metrics(
         plugins: registry.clone(),
         ready: AtomicBool::new(false),
         links: std::sync::Mutex::new(Vec::new()),
+        cluster: std::sync::Mutex::new(None),
     });
     let admin_listener = admin::bind(config.admin.listen).await?;
     tracing::info!(addr = %config.admin.listen, "admin API listening");
@@ -116,8 +120,7 @@ pub async fn run_with_metrics(
         ..ConsumerOptions::default()
     };
     let mut runners: Vec<(String, Arc<FlowRunner>)> = Vec::new();
-    let gateway_stop = CancellationToken::new();
-    let mut gateway_tasks = Vec::new();
+    let mut cluster_runtime: Option<Arc<ClusterRuntime>> = None;
     for flow in &config.flows {
         let link = links[&flow.link].clone();
         let data_return =
@@ -139,20 +142,29 @@ pub async fn run_with_metrics(
                     output_topic: flow.output_topic.clone(),
                     metrics: metrics.flow(&flow.name),
                 });
-                let gateway = Gateway::new(
-                    gateway_options(&config.node.id, cluster_config),
-                    upstream,
-                    None,
+                let runtime = Arc::new(
+                    ClusterRuntime::start(
+                        &config.node.id,
+                        config.admin.listen.to_string(),
+                        cluster_config,
+                        links[&cluster_config.link].clone(),
+                        upstream,
+                        &metrics,
+                    )
+                    .await?,
                 );
-                let listener = crate::gateway::bind(cluster_config.client_listen).await?;
-                tracing::info!(addr = %cluster_config.client_listen, "client listener ready");
-                gateway_tasks.push(tokio::spawn(
-                    gateway.clone().serve(listener, gateway_stop.clone()),
-                ));
+                runtime
+                    .wait_caught_up(ROUTES_CATCH_UP_TIMEOUT)
+                    .await
+                    .context("reading the route table")?;
+                admin_state.set_cluster(runtime.clone());
+                cluster_runtime = Some(runtime.clone());
                 Target::Cluster {
                     router: ProcessRouter::new(target.router.clone(), registry.clone()),
                     delivery: ClusterDelivery::new(
-                        gateway,
+                        runtime.gateway().clone(),
+                        Some(runtime.routes().clone()),
+                        runtime.forwarder(),
                         DeliveryPolicy {
                             ttl: target.ttl,
                             initial_backoff: flow.retry.initial_backoff,
@@ -237,9 +249,8 @@ pub async fn run_with_metrics(
     }
     // Processes are told the node is going away once nothing more is
     // delivered to them; what they had not acked is consumed again.
-    gateway_stop.cancel();
-    for task in gateway_tasks {
-        let _ = task.await;
+    if let Some(runtime) = &cluster_runtime {
+        runtime.stop().await;
     }
     plugin_watch.cancel();
     for (id, link) in links {
@@ -253,18 +264,6 @@ pub async fn run_with_metrics(
     let _ = admin_task.await;
     tracing::info!("relay stopped");
     Ok(())
-}
-
-/// How this node's gateway treats process connections.
-fn gateway_options(node_id: &str, cluster: &ClusterConfig) -> GatewayOptions {
-    GatewayOptions {
-        node_id: node_id.to_string(),
-        keepalive: cluster.keepalive,
-        hello_timeout: cluster.hello_timeout,
-        send_queue: cluster.send_queue,
-        max_unacked: cluster.max_unacked,
-        max_frame_bytes: cluster.max_frame_bytes,
-    }
 }
 
 /// The topics the relay writes to through link `id` (created when missing).

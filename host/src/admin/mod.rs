@@ -37,12 +37,25 @@ pub struct AdminState {
     pub ready: AtomicBool,
     /// The Kafka links, for `/links`.
     pub links: std::sync::Mutex<Vec<Arc<crate::link::KafkaLink>>>,
+    /// The cluster parts, for `/cluster` and `/processes` (cluster nodes).
+    pub cluster: std::sync::Mutex<Option<Arc<crate::cluster::ClusterRuntime>>>,
 }
 
 impl AdminState {
     /// Marks the node ready (or not) for `/readyz`.
     pub fn set_ready(&self, ready: bool) {
         self.ready.store(ready, Ordering::SeqCst);
+    }
+
+    /// Hands the cluster over for `/cluster` and `/processes`.
+    pub fn set_cluster(&self, cluster: Arc<crate::cluster::ClusterRuntime>) {
+        if let Ok(mut current) = self.cluster.lock() {
+            *current = Some(cluster);
+        }
+    }
+
+    fn cluster(&self) -> Option<Arc<crate::cluster::ClusterRuntime>> {
+        self.cluster.lock().ok().and_then(|c| c.clone())
     }
 
     /// Hands the links over for `/links`.
@@ -61,6 +74,8 @@ pub fn router(state: Arc<AdminState>) -> Router {
         .route("/metrics", get(metrics))
         .route("/plugins", get(plugins))
         .route("/links", get(links))
+        .route("/cluster", get(cluster))
+        .route("/processes", get(processes))
         .fallback(not_found)
         .with_state(state)
 }
@@ -127,6 +142,61 @@ async fn plugins(State(state): State<Arc<AdminState>>) -> Json<serde_json::Value
         })
         .collect();
     Json(json!({"node": state.node_id, "plugins": plugins}))
+}
+
+fn not_a_cluster_node() -> Response {
+    (
+        StatusCode::NOT_FOUND,
+        Json(json!({"error": "this node is not a cluster node (no `[cluster]` in its config)"})),
+    )
+        .into_response()
+}
+
+async fn cluster(State(state): State<Arc<AdminState>>) -> Response {
+    match state.cluster() {
+        Some(cluster) => Json(cluster.cluster_json()).into_response(),
+        None => not_a_cluster_node(),
+    }
+}
+
+/// `/processes?id=<process id>`.
+#[derive(Debug, serde::Deserialize)]
+struct ProcessQuery {
+    id: Option<String>,
+}
+
+async fn processes(
+    State(state): State<Arc<AdminState>>,
+    query: Result<axum::extract::Query<ProcessQuery>, axum::extract::rejection::QueryRejection>,
+) -> Response {
+    let Some(cluster) = state.cluster() else {
+        return not_a_cluster_node();
+    };
+    let id = match query {
+        Ok(axum::extract::Query(ProcessQuery { id: Some(id) })) if !id.is_empty() => id,
+        Ok(_) => {
+            return (
+                StatusCode::BAD_REQUEST,
+                Json(json!({"error": "give the process id: /processes?id=<process id>"})),
+            )
+                .into_response();
+        }
+        Err(rejection) => {
+            return (
+                StatusCode::BAD_REQUEST,
+                Json(json!({"error": format!("bad query: {rejection}")})),
+            )
+                .into_response();
+        }
+    };
+    match cluster.process_json(&id) {
+        Some(found) => Json(found).into_response(),
+        None => (
+            StatusCode::NOT_FOUND,
+            Json(json!({"error": format!("no node holds process `{id}`"), "process_id": id})),
+        )
+            .into_response(),
+    }
 }
 
 async fn links(State(state): State<Arc<AdminState>>) -> Json<serde_json::Value> {

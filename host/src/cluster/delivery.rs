@@ -16,6 +16,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use wasmrelay_protocol::v1;
 
+use super::routes::RouteTable;
 use crate::gateway::{DeliveryResult, Gateway};
 use crate::kafka::{InputRecord, OutputRecord};
 
@@ -42,19 +43,46 @@ pub struct DeliveryPolicy {
     pub max_backoff: Duration,
 }
 
+/// Hands a message to a process on another node (the mesh).
+pub trait Forwarder: Send + Sync + std::fmt::Debug + 'static {
+    /// Queues the message on the link to `node` (in call order) and returns
+    /// the future of the process's answer there; `Err` when there is no
+    /// usable link to `node` now.
+    fn forward(
+        &self,
+        node: &str,
+        process_id: &str,
+        delivery_id: String,
+        message: v1::Message,
+    ) -> Result<BoxFuture<'static, Result<(), String>>, String>;
+}
+
 /// Delivers messages to processes in the cluster.
 #[derive(Debug)]
 pub struct ClusterDelivery {
     gateway: Arc<Gateway>,
+    routes: Option<Arc<RouteTable>>,
+    forwarder: Option<Arc<dyn Forwarder>>,
     policy: DeliveryPolicy,
 }
 
 type Attempt = BoxFuture<'static, Result<(), String>>;
 
 impl ClusterDelivery {
-    /// Delivers through `gateway` (processes connected to this node).
-    pub fn new(gateway: Arc<Gateway>, policy: DeliveryPolicy) -> Arc<ClusterDelivery> {
-        Arc::new(ClusterDelivery { gateway, policy })
+    /// Delivers to processes connected to `gateway` and, through
+    /// `forwarder`, to those `routes` places on other nodes.
+    pub fn new(
+        gateway: Arc<Gateway>,
+        routes: Option<Arc<RouteTable>>,
+        forwarder: Option<Arc<dyn Forwarder>>,
+        policy: DeliveryPolicy,
+    ) -> Arc<ClusterDelivery> {
+        Arc::new(ClusterDelivery {
+            gateway,
+            routes,
+            forwarder,
+            policy,
+        })
     }
 
     /// Makes the first attempt now and returns the future of the final
@@ -124,8 +152,20 @@ impl ClusterDelivery {
             }
             .boxed(),
             Err(not_here) => {
-                let reason = format!("{not_here} (nor known elsewhere in the cluster)");
-                async move { Err(reason) }.boxed()
+                let elsewhere = self.routes.as_ref().and_then(|r| r.lookup(process_id));
+                let result = match (elsewhere, &self.forwarder) {
+                    (Some(node), Some(forwarder)) => forwarder
+                        .forward(&node, process_id, delivery_id.to_string(), message.clone())
+                        .map_err(|e| format!("process `{process_id}` is on node {node}: {e}")),
+                    (Some(node), None) => Err(format!(
+                        "process `{process_id}` is on node {node}, and this node has no mesh"
+                    )),
+                    (None, _) => Err(format!("{not_here} (nor known elsewhere in the cluster)")),
+                };
+                match result {
+                    Ok(answer) => answer,
+                    Err(reason) => async move { Err(reason) }.boxed(),
+                }
             }
         }
     }

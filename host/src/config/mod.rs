@@ -605,6 +605,36 @@ dead_letter_topic = "dlq"
     }
 
     #[test]
+    fn cluster_example_loads() {
+        let dir = plugins_dir(&[]);
+        let plugins = dir.path().display().to_string();
+        let env = move |name: &str| match name {
+            "KAFKA_BOOTSTRAP" => Some("kafka:9092".to_string()),
+            "NODE_ID" => Some("node-1".to_string()),
+            "CLIENT_ADDR" => Some("0.0.0.0:7400".to_string()),
+            "MESH_ADDR" => Some("0.0.0.0:7500".to_string()),
+            "ADMIN_ADDR" => Some("127.0.0.1:9400".to_string()),
+            "PLUGINS_DIR" => Some(plugins.clone()),
+            _ => None,
+        };
+        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/cluster/node.toml");
+        let config = load_with_env(&path, &env).unwrap();
+        let cluster = config.cluster.as_ref().unwrap();
+        assert_eq!(config.node.id, "node-1");
+        assert_eq!(cluster.client_listen.to_string(), "0.0.0.0:7400");
+        assert_eq!(cluster.heartbeat_topic, "wasmrelay.heartbeats");
+        assert_eq!(cluster.routes_topic, "wasmrelay.routes");
+        assert_eq!(cluster.alarm_topic.as_deref(), Some("wasmrelay.alarms"));
+        assert_eq!(config.flows[0].input_topic, "business");
+        assert_eq!(config.flows[0].output_topic, "business.replies");
+        assert_eq!(config.flows[0].dead_letter_topic, "business.dlq");
+        assert!(matches!(
+            config.flows[0].deliver,
+            Some(DeliverConfig::Cluster(_))
+        ));
+    }
+
+    #[test]
     fn sidecar_example_loads() {
         let dir = plugins_dir(&["json-enrich", "mask-fields"]);
         let plugins = dir.path().display().to_string();

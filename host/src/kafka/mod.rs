@@ -15,6 +15,7 @@ pub mod link;
 pub mod offsets;
 pub mod producer;
 pub mod record;
+pub mod tail;
 
 pub use consumer::{
     ConsumerOptions, MessageHandler, Outcome as HandleOutcome, PartitionedConsumer,

@@ -47,6 +47,20 @@ pub struct RelayMetrics {
     link_switches: Family<LinkLabels, Counter>,
     link_switches_refused: Family<LinkLabels, Counter>,
     center_reachable: Gauge,
+    cluster: ClusterMetrics,
+}
+
+/// Gauges of the cluster as this node sees it; cheap to clone and set.
+#[derive(Clone, Debug, Default)]
+pub struct ClusterMetrics {
+    /// Nodes whose heartbeats arrive in time (this one included).
+    pub live_nodes: Gauge,
+    /// 1 while fewer nodes than `min_live_nodes` are live.
+    pub alarm: Gauge,
+    /// Business processes connected to this node.
+    pub connections: Gauge,
+    /// Routes (process id → node) in this node's route table.
+    pub routes: Gauge,
 }
 
 impl std::fmt::Debug for RelayMetrics {
@@ -137,7 +151,29 @@ impl RelayMetrics {
             "1 while the config center can be read, 0 while the last good values are used",
             center_reachable.clone(),
         );
+        let cluster = ClusterMetrics::default();
+        registry.register(
+            "cluster_live_nodes",
+            "Relay nodes whose heartbeats arrive within the node timeout, this one included",
+            cluster.live_nodes.clone(),
+        );
+        registry.register(
+            "cluster_alarm",
+            "1 while fewer relay nodes than min_live_nodes are live",
+            cluster.alarm.clone(),
+        );
+        registry.register(
+            "cluster_connections",
+            "Business processes connected to this node",
+            cluster.connections.clone(),
+        );
+        registry.register(
+            "cluster_routes",
+            "Process routes in this node's route table",
+            cluster.routes.clone(),
+        );
         RelayMetrics {
+            cluster,
             registry: Mutex::new(registry),
             link_switches,
             link_switches_refused,
@@ -186,6 +222,11 @@ impl RelayMetrics {
             &self.link_switches
         };
         family.get_or_create(&labels).inc();
+    }
+
+    /// The cluster gauges.
+    pub fn cluster(&self) -> ClusterMetrics {
+        self.cluster.clone()
     }
 
     /// Whether the config center can be read.

@@ -9,6 +9,7 @@ use std::sync::OnceLock;
 
 pub mod app;
 pub mod etcd;
+pub mod processes;
 pub mod relay;
 pub mod tansu;
 

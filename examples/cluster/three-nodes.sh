@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# Starts three wasmrelay cluster nodes on this machine against one Kafka,
+# each with its own ports, and stops them all on Ctrl-C.
+#
+#   KAFKA_BOOTSTRAP=127.0.0.1:9092 examples/cluster/three-nodes.sh
+#
+# Then connect processes (any of the client ports), for example:
+#   cargo run -p wasmrelay-client --example relay-client -- \
+#     --connect 127.0.0.1:7401,127.0.0.1:7402,127.0.0.1:7403 --process-id p-1 --reply
+# and look at the cluster:  curl -s 127.0.0.1:9401/cluster
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+
+: "${KAFKA_BOOTSTRAP:?set KAFKA_BOOTSTRAP to the Kafka the nodes share (host:port)}"
+export KAFKA_BOOTSTRAP
+export PLUGINS_DIR="${PLUGINS_DIR:-$PWD/plugins/dist}"
+export CLUSTER_SECRET="${CLUSTER_SECRET:-three-nodes-demo-secret-0123456789}"
+binary="${WASMRELAY_BIN:-target/debug/wasmrelay}"
+if [[ ! -x "$binary" ]]; then
+  cargo build --locked --bin wasmrelay
+fi
+mkdir -p "$PLUGINS_DIR"
+
+pids=()
+trap 'kill "${pids[@]}" 2>/dev/null; wait' EXIT INT TERM
+for n in 1 2 3; do
+  NODE_ID="node-$n" \
+  CLIENT_ADDR="127.0.0.1:740$n" \
+  MESH_ADDR="127.0.0.1:750$n" \
+  ADMIN_ADDR="127.0.0.1:940$n" \
+    "$binary" run --config examples/cluster/node.toml &
+  pids+=($!)
+  echo "node-$n: clients 127.0.0.1:740$n, mesh 127.0.0.1:750$n, admin http://127.0.0.1:940$n/cluster" >&2
+done
+wait

@@ -1,0 +1,547 @@
+//! The route table: which node holds each business process, shared through
+//! a compacted Kafka topic keyed by process id.
+//!
+//! A node writes `{"node": ..., "registered_at_ms": ...}` when a process
+//! registers with it and a tombstone (no value, header `wasmrelay-node`)
+//! when the connection ends. Every node reads the topic from the beginning
+//! at start, then follows it. All records of one process id are in one
+//! partition, so their offsets order them: the latest route wins, and a
+//! tombstone only removes the route of the node that wrote it (a process
+//! that moved is not unrouted by its old node's late goodbye).
+//!
+//! When a route names another node for a process that is connected here
+//! with an older registration, the local connection is replaced: the
+//! process registered twice, and the newer one wins, cluster-wide. Routes of
+//! nodes that are not live are ignored (a node that misses a few heartbeats
+//! under load keeps its routes for when it is back), and dropped once
+//! membership forgets the node.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use serde::{Deserialize, Serialize};
+use tokio::sync::{mpsc, watch};
+use tokio_util::sync::CancellationToken;
+
+use super::membership::ClusterView;
+use crate::gateway::{Gateway, RegistrationEvent};
+use crate::kafka::tail::TailEvent;
+use crate::kafka::{InputRecord, OutputRecord};
+use crate::link::KafkaLink;
+use crate::telemetry::metrics::ClusterMetrics;
+
+/// The header of a route tombstone naming the node that wrote it.
+pub const ROUTE_NODE_HEADER: &str = "wasmrelay-node";
+
+/// The value of a route record.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RouteValue {
+    /// The node the process is connected to.
+    pub node: String,
+    /// When it registered there, ms since the Unix epoch.
+    pub registered_at_ms: i64,
+}
+
+/// Where a record sits in the routes topic; orders records of one key.
+type Position = (i32, i64);
+
+#[derive(Clone, Debug)]
+struct Route {
+    node: Arc<str>,
+    position: Position,
+}
+
+/// Registrations of processes connected here: the connection and, once
+/// Kafka acknowledged the route record, its position.
+#[derive(Debug, Default)]
+struct LocalRoutes {
+    by_process: HashMap<String, (u64, Option<Position>)>,
+}
+
+/// The shared table and this node's own registrations.
+#[derive(Debug)]
+pub struct RouteTable {
+    self_id: String,
+    routes: Mutex<HashMap<String, Route>>,
+    local: Mutex<LocalRoutes>,
+    nodes: Mutex<HashMap<String, Arc<str>>>,
+    live: arc_swap::ArcSwap<HashSet<String>>,
+    known: Mutex<HashSet<String>>,
+    gateway: Arc<Gateway>,
+    caught_up: watch::Sender<Option<CatchUp>>,
+    metrics: ClusterMetrics,
+}
+
+/// How reading the table at start went.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct CatchUp {
+    /// Route records read until the end of the topic.
+    pub records: u64,
+    /// Routes in the table then.
+    pub routes: usize,
+    /// How long it took.
+    pub seconds: f64,
+}
+
+impl RouteTable {
+    /// An empty table for node `self_id`, replacing local connections of
+    /// `gateway` when their process registered elsewhere.
+    pub fn new(self_id: &str, gateway: Arc<Gateway>, metrics: ClusterMetrics) -> Arc<RouteTable> {
+        Arc::new(RouteTable {
+            self_id: self_id.to_string(),
+            routes: Mutex::new(HashMap::new()),
+            local: Mutex::new(LocalRoutes::default()),
+            nodes: Mutex::new(HashMap::new()),
+            live: arc_swap::ArcSwap::from_pointee(HashSet::new()),
+            known: Mutex::new(HashSet::new()),
+            gateway,
+            caught_up: watch::channel(None).0,
+            metrics,
+        })
+    }
+
+    /// The node holding `process_id`, if a live node does (this node's own
+    /// routes are not returned: the gateway knows those).
+    pub fn lookup(&self, process_id: &str) -> Option<String> {
+        let node = lock(&self.routes).get(process_id)?.node.clone();
+        (*node != *self.self_id && self.live.load().contains(&*node)).then(|| node.to_string())
+    }
+
+    /// The node the table names for `process_id`, this one included.
+    pub fn holder(&self, process_id: &str) -> Option<String> {
+        lock(&self.routes)
+            .get(process_id)
+            .map(|r| r.node.to_string())
+    }
+
+    /// Routes in the table.
+    pub fn len(&self) -> usize {
+        lock(&self.routes).len()
+    }
+
+    /// True when the table has no route.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Resolves once the table has been read to the end of the topic.
+    pub fn caught_up(&self) -> watch::Receiver<Option<CatchUp>> {
+        self.caught_up.subscribe()
+    }
+
+    /// Applies one record of the routes topic.
+    pub fn apply(&self, record: &InputRecord) {
+        let Some(process_id) = record
+            .key
+            .as_deref()
+            .and_then(|k| std::str::from_utf8(k).ok())
+        else {
+            tracing::warn!(
+                offset = record.offset,
+                partition = record.partition,
+                "ignoring a route record without a UTF-8 key"
+            );
+            return;
+        };
+        let position = (record.partition, record.offset);
+        match &record.value {
+            None => {
+                let writer = record
+                    .header(ROUTE_NODE_HEADER)
+                    .and_then(|h| std::str::from_utf8(h).ok());
+                let mut routes = lock(&self.routes);
+                let remove = match (routes.get(process_id), writer) {
+                    (Some(route), Some(writer)) => {
+                        *route.node == *writer && route.position < position
+                    }
+                    (Some(_), None) => true,
+                    (None, _) => false,
+                };
+                if remove {
+                    routes.remove(process_id);
+                }
+            }
+            Some(value) => {
+                let route: RouteValue = match serde_json::from_slice(value) {
+                    Ok(route) => route,
+                    Err(error) => {
+                        tracing::warn!(process = %process_id, offset = record.offset, %error, "ignoring a route record that is not valid JSON");
+                        return;
+                    }
+                };
+                let node = self.intern(&route.node);
+                let newer = {
+                    let mut routes = lock(&self.routes);
+                    let newer = routes.get(process_id).is_none_or(|r| r.position < position);
+                    if newer {
+                        routes.insert(
+                            process_id.to_string(),
+                            Route {
+                                node: node.clone(),
+                                position,
+                            },
+                        );
+                    }
+                    newer
+                };
+                if newer && *node != *self.self_id {
+                    self.replace_if_older(process_id, &node, position);
+                }
+            }
+        }
+        self.metrics
+            .routes
+            .set(i64::try_from(self.len()).unwrap_or(i64::MAX));
+    }
+
+    /// Follows membership: routes to nodes not live in `view` are ignored
+    /// from now on, and those of nodes membership forgot (listed before,
+    /// gone from `view` after a long silence) are dropped. Routes of nodes
+    /// not heard of yet (read before their first heartbeat) are kept.
+    pub fn follow_view(&self, view: &ClusterView) {
+        let live: HashSet<String> = view
+            .nodes
+            .values()
+            .filter(|n| n.live)
+            .map(|n| n.heartbeat.node_id.clone())
+            .collect();
+        self.live.store(Arc::new(live));
+        let listed: HashSet<String> = view.nodes.keys().cloned().collect();
+        let forgotten: HashSet<String> = {
+            let mut known = lock(&self.known);
+            let forgotten = known.difference(&listed).cloned().collect();
+            *known = listed;
+            forgotten
+        };
+        if forgotten.is_empty() {
+            return;
+        }
+        let mut routes = lock(&self.routes);
+        let before = routes.len();
+        routes.retain(|_, r| !forgotten.contains(&*r.node));
+        let dropped = before - routes.len();
+        drop(routes);
+        if dropped > 0 {
+            tracing::info!(dropped, "dropped the routes of nodes gone for good");
+            self.metrics
+                .routes
+                .set(i64::try_from(self.len()).unwrap_or(i64::MAX));
+        }
+    }
+
+    /// Notes a local registration (connection `connection_id`) whose route
+    /// record Kafka acknowledged at `position`; if a newer route already
+    /// names another node, the local connection is replaced.
+    fn local_registered(&self, process_id: &str, connection_id: u64, position: Position) {
+        {
+            let mut local = lock(&self.local);
+            match local.by_process.get_mut(process_id) {
+                Some((connection, slot)) if *connection == connection_id => *slot = Some(position),
+                _ => return,
+            }
+        }
+        let newer_elsewhere = lock(&self.routes)
+            .get(process_id)
+            .filter(|r| *r.node != *self.self_id && r.position > position)
+            .map(|r| r.node.to_string());
+        if let Some(node) = newer_elsewhere {
+            self.gateway.replace_local(
+                process_id,
+                format!("process `{process_id}` registered again on node {node}"),
+            );
+        }
+    }
+
+    fn replace_if_older(&self, process_id: &str, node: &str, position: Position) {
+        let local = lock(&self.local).by_process.get(process_id).copied();
+        if let Some((_, Some(local_position))) = local
+            && local_position < position
+        {
+            self.gateway.replace_local(
+                process_id,
+                format!("process `{process_id}` registered again on node {node}"),
+            );
+        }
+    }
+
+    fn intern(&self, node: &str) -> Arc<str> {
+        lock(&self.nodes)
+            .entry(node.to_string())
+            .or_insert_with(|| Arc::from(node))
+            .clone()
+    }
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Reads the routes topic into `table` until `shutdown`: from the beginning
+/// (reporting the catch-up), then following it; drops the routes of nodes
+/// that stop being live.
+pub async fn follow_routes(
+    table: Arc<RouteTable>,
+    mut records: mpsc::Receiver<TailEvent>,
+    mut view: watch::Receiver<ClusterView>,
+    shutdown: CancellationToken,
+) {
+    let started = Instant::now();
+    let mut read = 0u64;
+    loop {
+        tokio::select! {
+            _ = shutdown.cancelled() => return,
+            changed = view.changed() => {
+                if changed.is_err() { return; }
+                let current = view.borrow_and_update().clone();
+                table.follow_view(&current);
+            }
+            event = records.recv() => match event {
+                None => return,
+                Some(TailEvent::Record(record)) => {
+                    read += 1;
+                    table.apply(&record);
+                }
+                Some(TailEvent::CaughtUp) => {
+                    let catch_up = CatchUp {
+                        records: read,
+                        routes: table.len(),
+                        seconds: started.elapsed().as_secs_f64(),
+                    };
+                    tracing::info!(records = catch_up.records, routes = catch_up.routes, seconds = catch_up.seconds, "route table caught up");
+                    table.caught_up.send_replace(Some(catch_up));
+                }
+            }
+        }
+    }
+}
+
+/// Publishes this node's registrations and unregistrations (from the
+/// gateway's events) to the routes topic until `shutdown`. A route record is
+/// retried until Kafka takes it.
+pub async fn publish_routes(
+    table: Arc<RouteTable>,
+    link: Arc<KafkaLink>,
+    topic: String,
+    mut events: mpsc::UnboundedReceiver<RegistrationEvent>,
+    shutdown: CancellationToken,
+) {
+    loop {
+        let event = tokio::select! {
+            _ = shutdown.cancelled() => return,
+            event = events.recv() => match event { Some(event) => event, None => return },
+        };
+        let (process_id, record, connection) = match event {
+            RegistrationEvent::Registered {
+                process_id,
+                connection_id,
+            } => {
+                lock(&table.local)
+                    .by_process
+                    .insert(process_id.clone(), (connection_id, None));
+                let value = RouteValue {
+                    node: table.self_id.clone(),
+                    registered_at_ms: super::now_ms(),
+                };
+                let record = OutputRecord {
+                    key: Some(process_id.as_bytes().to_vec()),
+                    value: serde_json::to_vec(&value).ok(),
+                    headers: Vec::new(),
+                };
+                (process_id, record, Some(connection_id))
+            }
+            RegistrationEvent::Unregistered {
+                process_id,
+                connection_id,
+            } => {
+                {
+                    let mut local = lock(&table.local);
+                    if local
+                        .by_process
+                        .get(&process_id)
+                        .is_some_and(|(c, _)| *c == connection_id)
+                    {
+                        local.by_process.remove(&process_id);
+                    }
+                }
+                let record = OutputRecord {
+                    key: Some(process_id.as_bytes().to_vec()),
+                    value: None,
+                    headers: vec![(
+                        ROUTE_NODE_HEADER.to_string(),
+                        table.self_id.as_bytes().to_vec(),
+                    )],
+                };
+                (process_id, record, None)
+            }
+        };
+        // Enqueue in event order; wait for the acknowledgement aside.
+        let ack = loop {
+            match link.producer().enqueue(&topic, &record).await {
+                Ok(ack) => break ack,
+                Err(error) => {
+                    tracing::warn!(%topic, process = %process_id, %error, "writing a route failed; retrying");
+                    tokio::select! {
+                        _ = shutdown.cancelled() => return,
+                        _ = tokio::time::sleep(std::time::Duration::from_millis(200)) => {}
+                    }
+                }
+            }
+        };
+        let table = table.clone();
+        let link = link.clone();
+        let topic = topic.clone();
+        tokio::spawn(async move {
+            let delivered = match ack.await {
+                Ok(delivered) => delivered,
+                Err(error) => {
+                    tracing::warn!(%topic, process = %process_id, %error, "a route was not written; writing it again");
+                    loop {
+                        match link.producer().send(&topic, &record).await {
+                            Ok(delivered) => break delivered,
+                            Err(_) => {
+                                tokio::time::sleep(std::time::Duration::from_millis(200)).await
+                            }
+                        }
+                    }
+                }
+            };
+            if let Some(connection_id) = connection {
+                table.local_registered(
+                    &process_id,
+                    connection_id,
+                    (delivered.partition, delivered.offset),
+                );
+            }
+        });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    struct NoUpstream;
+    impl crate::gateway::Upstream for NoUpstream {
+        fn send(
+            &self,
+            _: &str,
+            _: wasmrelay_protocol::v1::Send,
+        ) -> futures::future::BoxFuture<'static, Result<(), String>> {
+            Box::pin(async { Err("none".to_string()) })
+        }
+    }
+
+    fn table() -> Arc<RouteTable> {
+        let gateway = Gateway::new(Default::default(), Arc::new(NoUpstream), None);
+        RouteTable::new("a", gateway, ClusterMetrics::default())
+    }
+
+    fn route(process: &str, node: &str, offset: i64) -> InputRecord {
+        InputRecord {
+            topic: "routes".into(),
+            partition: 0,
+            offset,
+            key: Some(process.as_bytes().to_vec()),
+            value: Some(
+                serde_json::to_vec(&RouteValue {
+                    node: node.into(),
+                    registered_at_ms: 0,
+                })
+                .unwrap(),
+            ),
+            headers: Vec::new(),
+            timestamp_ms: None,
+        }
+    }
+
+    fn tombstone(process: &str, node: &str, offset: i64) -> InputRecord {
+        InputRecord {
+            value: None,
+            headers: vec![(ROUTE_NODE_HEADER.to_string(), node.as_bytes().to_vec())],
+            ..route(process, node, offset)
+        }
+    }
+
+    #[test]
+    fn the_latest_route_wins_and_an_old_nodes_tombstone_does_not_unroute() {
+        let table = table();
+        table.follow_view(&view(&[("a", true), ("b", true), ("c", true)]));
+        table.apply(&route("p", "b", 1));
+        assert_eq!(table.lookup("p").as_deref(), Some("b"));
+        table.apply(&route("p", "c", 2));
+        table.apply(&tombstone("p", "b", 3));
+        assert_eq!(
+            table.lookup("p").as_deref(),
+            Some("c"),
+            "b's late goodbye must not unroute c"
+        );
+        table.apply(&tombstone("p", "c", 4));
+        assert_eq!(table.lookup("p"), None);
+    }
+
+    #[test]
+    fn own_routes_are_not_returned_by_lookup() {
+        let table = table();
+        table.apply(&route("p", "a", 1));
+        assert_eq!(table.lookup("p"), None);
+        assert_eq!(table.holder("p").as_deref(), Some("a"));
+    }
+
+    fn view(nodes: &[(&str, bool)]) -> ClusterView {
+        use super::super::membership::{Heartbeat, NodeView};
+        ClusterView {
+            nodes: nodes
+                .iter()
+                .map(|(id, live)| {
+                    let heartbeat = Heartbeat {
+                        node_id: id.to_string(),
+                        client_addr: String::new(),
+                        mesh_addr: String::new(),
+                        admin_addr: String::new(),
+                        connections: 0,
+                        quota: 0,
+                        started_at_ms: 0,
+                        sent_at_ms: 0,
+                        leaving: false,
+                    };
+                    (
+                        id.to_string(),
+                        NodeView {
+                            heartbeat,
+                            live: *live,
+                            last_seen_ms_ago: 0,
+                        },
+                    )
+                })
+                .collect(),
+            ..ClusterView::default()
+        }
+    }
+
+    #[test]
+    fn routes_of_dead_nodes_are_ignored_then_dropped_when_forgotten() {
+        let table = table();
+        // Read before b's first heartbeat: kept.
+        table.follow_view(&view(&[("a", true)]));
+        table.apply(&route("p", "b", 1));
+        table.follow_view(&view(&[("a", true)]));
+        assert_eq!(table.holder("p").as_deref(), Some("b"));
+        table.apply(&route("q", "a", 2));
+        table.follow_view(&view(&[("a", true), ("b", true)]));
+        assert_eq!(table.lookup("p").as_deref(), Some("b"));
+        // b misses heartbeats: ignored, kept.
+        table.follow_view(&view(&[("a", true), ("b", false)]));
+        assert_eq!(table.lookup("p"), None);
+        table.follow_view(&view(&[("a", true), ("b", true)]));
+        assert_eq!(
+            table.lookup("p").as_deref(),
+            Some("b"),
+            "b's routes survive a hiccup"
+        );
+        // b forgotten: dropped.
+        table.follow_view(&view(&[("a", true)]));
+        assert_eq!(table.holder("p"), None);
+        assert_eq!(table.holder("q").as_deref(), Some("a"));
+    }
+}

@@ -1,0 +1,339 @@
+//! Starting and stopping a node's part of the cluster: the topics it needs,
+//! the gateway for processes, membership, the route table and the mesh, and
+//! what `/cluster` and `/processes` show of them.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context as _;
+use serde_json::json;
+use tokio::sync::{mpsc, watch};
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+
+use super::delivery::Forwarder;
+use super::membership::{ClusterView, Heartbeat, MembershipOptions, run_membership};
+use super::mesh::{ForwardOutcome, Mesh, MeshOptions};
+use super::routes::{RouteTable, follow_routes, publish_routes};
+use crate::config::ClusterConfig;
+use crate::gateway::{Gateway, GatewayOptions, Upstream};
+use crate::kafka::admin::{TopicSpec, ensure_topics};
+use crate::kafka::tail::{TailEvent, TailStart, TopicTail};
+use crate::link::KafkaLink;
+use crate::telemetry::metrics::RelayMetrics;
+
+/// Partitions of the routes topic when the relay creates it.
+const ROUTES_PARTITIONS: i32 = 6;
+/// How long creating the cluster topics may take.
+const TOPIC_TIMEOUT: Duration = Duration::from_secs(30);
+/// Records buffered between a topic reader thread and its task.
+const TAIL_BUFFER: usize = 4096;
+
+/// A node's running cluster parts.
+#[derive(Debug)]
+pub struct ClusterRuntime {
+    node_id: String,
+    gateway: Arc<Gateway>,
+    routes: Arc<RouteTable>,
+    mesh: Arc<Mesh>,
+    view: watch::Receiver<ClusterView>,
+    stop: CancellationToken,
+    tasks: std::sync::Mutex<Vec<JoinHandle<()>>>,
+    tails: std::sync::Mutex<Vec<TopicTail>>,
+}
+
+impl ClusterRuntime {
+    /// Starts everything; returns once the client listener is bound and the
+    /// readers run (the route table may still be catching up: see
+    /// [`ClusterRuntime::wait_caught_up`]).
+    pub async fn start(
+        node_id: &str,
+        admin_addr: String,
+        config: &ClusterConfig,
+        link: Arc<KafkaLink>,
+        upstream: Arc<dyn Upstream>,
+        metrics: &RelayMetrics,
+    ) -> anyhow::Result<ClusterRuntime> {
+        let info = link.current().info.clone();
+        let mut topics = vec![
+            TopicSpec::new(&config.heartbeat_topic, 1),
+            TopicSpec {
+                configs: vec![("cleanup.policy".to_string(), "compact".to_string())],
+                ..TopicSpec::new(&config.routes_topic, ROUTES_PARTITIONS)
+            },
+        ];
+        if let Some(alarm) = &config.alarm_topic {
+            topics.push(TopicSpec::new(alarm, 1));
+        }
+        ensure_topics(&info, &topics, TOPIC_TIMEOUT)
+            .await
+            .context("preparing the cluster topics")?;
+
+        let stop = CancellationToken::new();
+        let mut tasks = Vec::new();
+        let (events_tx, events_rx) = mpsc::unbounded_channel();
+        let gateway = Gateway::new(gateway_options(node_id, config), upstream, Some(events_tx));
+        let listener = crate::gateway::bind(config.client_listen).await?;
+        tracing::info!(addr = %config.client_listen, "client listener ready");
+        tasks.push(tokio::spawn(gateway.clone().serve(listener, stop.clone())));
+
+        let cluster_metrics = metrics.cluster();
+        let routes = RouteTable::new(node_id, gateway.clone(), cluster_metrics.clone());
+        let (view_tx, view) = watch::channel(ClusterView::default());
+
+        let (heartbeats_tx, heartbeats_rx) = mpsc::channel::<TailEvent>(TAIL_BUFFER);
+        let heartbeat_tail = TopicTail::start(
+            &info,
+            &config.heartbeat_topic,
+            TailStart::End,
+            &format!("{node_id}-heartbeats"),
+            heartbeats_tx,
+        )
+        .context("reading the heartbeat topic")?;
+        let (routes_tx, routes_rx) = mpsc::channel::<TailEvent>(TAIL_BUFFER);
+        let routes_tail = TopicTail::start(
+            &info,
+            &config.routes_topic,
+            TailStart::Beginning,
+            &format!("{node_id}-routes"),
+            routes_tx,
+        )
+        .context("reading the routes topic")?;
+
+        let identity = Heartbeat {
+            node_id: node_id.to_string(),
+            client_addr: config
+                .client_advertise
+                .clone()
+                .unwrap_or_else(|| config.client_listen.to_string()),
+            mesh_addr: config
+                .mesh_advertise
+                .clone()
+                .unwrap_or_else(|| config.mesh_listen.to_string()),
+            admin_addr: config.admin_advertise.clone().unwrap_or(admin_addr),
+            connections: 0,
+            quota: config.connection_quota,
+            started_at_ms: super::now_ms(),
+            sent_at_ms: 0,
+            leaving: false,
+        };
+        tasks.push(tokio::spawn(run_membership(
+            MembershipOptions {
+                identity,
+                topic: config.heartbeat_topic.clone(),
+                alarm_topic: config.alarm_topic.clone(),
+                interval: config.heartbeat_interval,
+                node_timeout: config.node_timeout,
+                min_live_nodes: config.min_live_nodes,
+            },
+            link.clone(),
+            gateway.clone(),
+            heartbeats_rx,
+            view_tx,
+            cluster_metrics,
+            stop.clone(),
+        )));
+        tasks.push(tokio::spawn(follow_routes(
+            routes.clone(),
+            routes_rx,
+            view.clone(),
+            stop.clone(),
+        )));
+        tasks.push(tokio::spawn(publish_routes(
+            routes.clone(),
+            link.clone(),
+            config.routes_topic.clone(),
+            events_rx,
+            stop.clone(),
+        )));
+        let mesh = Mesh::new(
+            MeshOptions {
+                node_id: node_id.to_string(),
+                secret: config.secret.as_bytes().to_vec(),
+                max_frame_bytes: config.max_frame_bytes,
+                keepalive: config.heartbeat_interval,
+                ..MeshOptions::default()
+            },
+            gateway.clone(),
+        );
+        let mesh_listener = tokio::net::TcpListener::bind(config.mesh_listen)
+            .await
+            .map_err(|e| {
+                anyhow::anyhow!("binding the mesh listener on {}: {e}", config.mesh_listen)
+            })?;
+        tracing::info!(addr = %config.mesh_listen, "mesh listener ready");
+        tasks.push(tokio::spawn(
+            mesh.clone().serve(mesh_listener, stop.clone()),
+        ));
+        tasks.push(tokio::spawn(follow_peers(
+            mesh.clone(),
+            node_id.to_string(),
+            view.clone(),
+            stop.clone(),
+        )));
+        Ok(ClusterRuntime {
+            node_id: node_id.to_string(),
+            gateway,
+            routes,
+            mesh,
+            view,
+            stop,
+            tasks: std::sync::Mutex::new(tasks),
+            tails: std::sync::Mutex::new(vec![heartbeat_tail, routes_tail]),
+        })
+    }
+
+    /// Waits (at most `timeout`) until the route table has read the routes
+    /// topic to its end.
+    pub async fn wait_caught_up(&self, timeout: Duration) -> anyhow::Result<()> {
+        let mut caught_up = self.routes.caught_up();
+        tokio::time::timeout(timeout, caught_up.wait_for(Option::is_some))
+            .await
+            .map_err(|_| anyhow::anyhow!("the route table did not catch up within {timeout:?}"))?
+            .map_err(|_| anyhow::anyhow!("the route table reader stopped"))?;
+        Ok(())
+    }
+
+    /// The gateway of this node.
+    pub fn gateway(&self) -> &Arc<Gateway> {
+        &self.gateway
+    }
+
+    /// What forwards deliveries to other nodes: the mesh.
+    pub fn forwarder(&self) -> Option<Arc<dyn Forwarder>> {
+        Some(self.mesh.clone())
+    }
+
+    /// The mesh.
+    pub fn mesh(&self) -> &Arc<Mesh> {
+        &self.mesh
+    }
+
+    /// The route table.
+    pub fn routes(&self) -> &Arc<RouteTable> {
+        &self.routes
+    }
+
+    /// The cluster as this node sees it.
+    pub fn view(&self) -> watch::Receiver<ClusterView> {
+        self.view.clone()
+    }
+
+    /// What `/cluster` shows.
+    pub fn cluster_json(&self) -> serde_json::Value {
+        let view = self.view.borrow().clone();
+        let linked = self.mesh.linked();
+        let nodes: Vec<serde_json::Value> = view
+            .nodes
+            .values()
+            .map(|n| {
+                let mut node = serde_json::to_value(n).unwrap_or_default();
+                node["in_mesh"] = json!(
+                    n.heartbeat.node_id == self.node_id || linked.contains(&n.heartbeat.node_id)
+                );
+                node
+            })
+            .collect();
+        json!({
+            "node": self.node_id,
+            "live": view.live,
+            "min_live_nodes": view.min_live_nodes,
+            "alarm": view.alarm,
+            "connections": self.gateway.connection_count(),
+            "routes": self.routes.len(),
+            "route_table_caught_up": self.routes.caught_up().borrow().is_some(),
+            "mesh": linked,
+            "nodes": nodes,
+        })
+    }
+
+    /// What `/processes?id=` shows; `None` when no node holds the process.
+    pub fn process_json(&self, process_id: &str) -> Option<serde_json::Value> {
+        let local = self.gateway.session(process_id);
+        let node = match &local {
+            Some(_) => Some(self.node_id.clone()),
+            None => self.routes.lookup(process_id),
+        }?;
+        let view = self.view.borrow();
+        let holder = view.nodes.get(&node);
+        Some(json!({
+            "process_id": process_id,
+            "node": node,
+            "connected_here": local.is_some(),
+            "node_live": holder.is_some_and(|n| n.live),
+            "client_addr": holder.map(|n| n.heartbeat.client_addr.clone()),
+            "admin_addr": holder.map(|n| n.heartbeat.admin_addr.clone()),
+        }))
+    }
+
+    /// Stops everything: processes are told the node is going away, the
+    /// last heartbeat says it is leaving.
+    pub async fn stop(&self) {
+        self.stop.cancel();
+        self.mesh.close();
+        let tasks = std::mem::take(&mut *self.tasks.lock().unwrap_or_else(|e| e.into_inner()));
+        for task in tasks {
+            let _ = task.await;
+        }
+        let tails = std::mem::take(&mut *self.tails.lock().unwrap_or_else(|e| e.into_inner()));
+        for tail in tails {
+            tokio::task::spawn_blocking(move || tail.stop()).await.ok();
+        }
+    }
+}
+
+/// Keeps the mesh's peers equal to the live nodes until `stop`.
+async fn follow_peers(
+    mesh: Arc<Mesh>,
+    node_id: String,
+    mut view: watch::Receiver<ClusterView>,
+    stop: CancellationToken,
+) {
+    loop {
+        let peers = view.borrow_and_update().live_peers(&node_id);
+        mesh.set_peers(peers);
+        tokio::select! {
+            _ = stop.cancelled() => return,
+            changed = view.changed() => if changed.is_err() { return },
+        }
+    }
+}
+
+impl Forwarder for Mesh {
+    fn forward(
+        &self,
+        node: &str,
+        process_id: &str,
+        delivery_id: String,
+        message: wasmrelay_protocol::v1::Message,
+    ) -> Result<futures::future::BoxFuture<'static, Result<(), String>>, String> {
+        let outcome = Mesh::forward(self, node, process_id, delivery_id, message)
+            .map_err(|e| e.to_string())?;
+        let node = node.to_string();
+        Ok(Box::pin(async move {
+            match outcome.await {
+                Ok(ForwardOutcome::Delivered) => Ok(()),
+                Ok(ForwardOutcome::NotHere(reason)) => {
+                    Err(format!("not connected to node {node} (any more): {reason}"))
+                }
+                Ok(ForwardOutcome::Failed(reason)) => Err(format!("on node {node}: {reason}")),
+                Ok(ForwardOutcome::Lost(reason)) => {
+                    Err(format!("the mesh link to node {node} broke: {reason}"))
+                }
+                Err(_) => Err(format!("the mesh link to node {node} went away")),
+            }
+        }))
+    }
+}
+
+/// How this node's gateway treats process connections.
+fn gateway_options(node_id: &str, cluster: &ClusterConfig) -> GatewayOptions {
+    GatewayOptions {
+        node_id: node_id.to_string(),
+        keepalive: cluster.keepalive,
+        hello_timeout: cluster.hello_timeout,
+        send_queue: cluster.send_queue,
+        max_unacked: cluster.max_unacked,
+        max_frame_bytes: cluster.max_frame_bytes,
+    }
+}

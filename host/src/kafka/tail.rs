@@ -1,0 +1,190 @@
+//! Following every partition of a topic without a consumer group: the way
+//! each node reads the cluster's heartbeats (from the end) and its route
+//! table (from the beginning).
+//!
+//! A dedicated thread polls a `BaseConsumer` with partitions assigned, not
+//! subscribed, so nodes never rebalance each other; records go to a tokio
+//! channel (back-pressure: the thread waits when the channel is full). Once
+//! every partition has reached its end for the first time, [`TailEvent::CaughtUp`]
+//! is sent: the reader has seen everything written before it started.
+
+use std::collections::HashSet;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use anyhow::Context as _;
+use rdkafka::consumer::{BaseConsumer, Consumer as _, ConsumerContext};
+use rdkafka::error::KafkaError;
+use rdkafka::{ClientContext, Offset, TopicPartitionList};
+use tokio::sync::mpsc;
+
+use super::{InputRecord, LinkInfo};
+
+/// Where reading starts.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TailStart {
+    /// The oldest record still in the topic.
+    Beginning,
+    /// Only records written from now on.
+    End,
+}
+
+/// What a tail delivers.
+#[derive(Debug)]
+pub enum TailEvent {
+    /// A record, in partition order.
+    Record(InputRecord),
+    /// Every partition has been read to its end once.
+    CaughtUp,
+}
+
+/// A running tail; stops when dropped or [`TopicTail::stop`]ped.
+#[derive(Debug)]
+pub struct TopicTail {
+    stop: Arc<AtomicBool>,
+    thread: Option<JoinHandle<()>>,
+}
+
+/// Logs client errors, except reaching the end of a partition (the tail
+/// asks to be told, and it is no error).
+struct TailContext {
+    topic: String,
+}
+
+impl ClientContext for TailContext {
+    fn error(&self, error: KafkaError, reason: &str) {
+        let end_of_partition = matches!(
+            error,
+            KafkaError::PartitionEOF(_)
+                | KafkaError::Global(rdkafka::types::RDKafkaErrorCode::PartitionEOF)
+        );
+        if !end_of_partition {
+            tracing::warn!(topic = %self.topic, %error, reason, "kafka reader error");
+        }
+    }
+}
+
+impl ConsumerContext for TailContext {}
+
+type TailConsumer = BaseConsumer<TailContext>;
+
+/// How long one poll waits.
+const POLL: Duration = Duration::from_millis(100);
+
+impl TopicTail {
+    /// Starts reading every partition of `topic` from `start`, sending to
+    /// `events`. Fails when the topic's metadata cannot be read.
+    pub fn start(
+        info: &LinkInfo,
+        topic: &str,
+        start: TailStart,
+        reader_name: &str,
+        events: mpsc::Sender<TailEvent>,
+    ) -> anyhow::Result<TopicTail> {
+        let mut config = info.admin_config();
+        config
+            .set("group.id", format!("wasmrelay-tail-{reader_name}"))
+            .set("enable.auto.commit", "false")
+            .set("enable.auto.offset.store", "false")
+            .set("enable.partition.eof", "true");
+        let consumer: TailConsumer = config
+            .create_with_context(TailContext {
+                topic: topic.to_string(),
+            })
+            .with_context(|| format!("creating a reader of `{topic}`"))?;
+        let metadata = consumer
+            .fetch_metadata(Some(topic), Duration::from_secs(10))
+            .with_context(|| format!("reading the metadata of `{topic}`"))?;
+        let partitions: Vec<i32> = metadata
+            .topics()
+            .iter()
+            .filter(|t| t.name() == topic)
+            .flat_map(|t| t.partitions().iter().map(|p| p.id()))
+            .collect();
+        if partitions.is_empty() {
+            anyhow::bail!("topic `{topic}` has no partitions (does it exist?)");
+        }
+        let mut assignment = TopicPartitionList::new();
+        let offset = match start {
+            TailStart::Beginning => Offset::Beginning,
+            TailStart::End => Offset::End,
+        };
+        for partition in &partitions {
+            assignment
+                .add_partition_offset(topic, *partition, offset)
+                .with_context(|| format!("assigning `{topic}` [{partition}]"))?;
+        }
+        consumer
+            .assign(&assignment)
+            .with_context(|| format!("assigning the partitions of `{topic}`"))?;
+        let stop = Arc::new(AtomicBool::new(false));
+        let thread_stop = stop.clone();
+        let topic_name = topic.to_string();
+        let thread = std::thread::Builder::new()
+            .name(format!("tail-{topic}"))
+            .spawn(move || poll_loop(&consumer, &topic_name, partitions, &events, &thread_stop))
+            .context("starting the reader thread")?;
+        Ok(TopicTail {
+            stop,
+            thread: Some(thread),
+        })
+    }
+
+    /// Stops reading and waits for the thread.
+    pub fn stop(mut self) {
+        self.stop_now();
+    }
+
+    fn stop_now(&mut self) {
+        self.stop.store(true, Ordering::SeqCst);
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+impl Drop for TopicTail {
+    fn drop(&mut self) {
+        self.stop_now();
+    }
+}
+
+fn poll_loop(
+    consumer: &TailConsumer,
+    topic: &str,
+    partitions: Vec<i32>,
+    events: &mpsc::Sender<TailEvent>,
+    stop: &AtomicBool,
+) {
+    let mut not_at_end: HashSet<i32> = partitions.into_iter().collect();
+    let mut caught_up = false;
+    let mut last_error: Option<String> = None;
+    while !stop.load(Ordering::SeqCst) {
+        let event = match consumer.poll(POLL) {
+            None => continue,
+            Some(Ok(message)) => TailEvent::Record(InputRecord::from_borrowed(&message)),
+            Some(Err(KafkaError::PartitionEOF(partition))) => {
+                not_at_end.remove(&partition);
+                if caught_up || !not_at_end.is_empty() {
+                    continue;
+                }
+                caught_up = true;
+                TailEvent::CaughtUp
+            }
+            Some(Err(error)) => {
+                let text = error.to_string();
+                if last_error.as_deref() != Some(text.as_str()) {
+                    tracing::warn!(%topic, error = %text, "reading the topic failed; retrying");
+                    last_error = Some(text);
+                }
+                continue;
+            }
+        };
+        last_error = None;
+        if events.blocking_send(event).is_err() {
+            return;
+        }
+    }
+}

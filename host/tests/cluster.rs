@@ -1,0 +1,529 @@
+//! The relay cluster end to end: real `wasmrelay` nodes (separate
+//! processes), a real tansu broker, business processes on the SDK over real
+//! TCP.
+
+#![allow(clippy::unwrap_used)]
+
+mod support;
+
+use std::collections::{BTreeMap, HashMap};
+use std::time::Duration;
+
+use rand::Rng as _;
+use serde_json::Value;
+use support::processes::{NodePorts, ProcessPool, node_config};
+use support::relay::{RelayProcess, http_get};
+use support::tansu::{Tansu, TestRecord};
+
+const BUSINESS: &str = "business";
+
+fn get_json(url: &str) -> (u16, Value) {
+    let (status, body) = http_get(url).unwrap_or_else(|| panic!("no answer from {url}"));
+    (status, serde_json::from_str(&body).unwrap_or(Value::Null))
+}
+
+/// `count` messages, each addressed (header `process-id`) to a random one of
+/// `processes`, numbered in their value.
+fn addressed(count: usize, processes: &[String]) -> Vec<(String, TestRecord)> {
+    let mut rng = rand::rng();
+    (0..count)
+        .map(|n| {
+            let process = processes[rng.random_range(0..processes.len())].clone();
+            let record = TestRecord::keyed(process.clone(), format!("{n}"))
+                .header("process-id", process.clone());
+            (process, record)
+        })
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_node_delivers_each_message_to_its_process_once_and_takes_replies() {
+    let kafka = Tansu::start();
+    kafka.create_topic(BUSINESS, 3).await;
+    let ports = NodePorts::free();
+    let node = RelayProcess::start(
+        &node_config("node-a", &kafka.bootstrap(), &ports, ""),
+        ports.admin,
+        &[],
+    );
+    let processes: Vec<String> = (0..20).map(|n| format!("proc-{n:02}")).collect();
+    let mut pool = ProcessPool::default();
+    for id in &processes {
+        pool.connect(&[ports.client_addr()], id, true).await;
+    }
+    node.wait_for("all processes registered", Duration::from_secs(10), || {
+        get_json(&format!("{}/cluster", node.admin)).1["connections"] == 20
+    })
+    .await;
+
+    let messages = addressed(2000, &processes);
+    let expected: HashMap<String, String> = messages
+        .iter()
+        .map(|(p, r)| {
+            (
+                String::from_utf8(r.value.clone().unwrap()).unwrap(),
+                p.clone(),
+            )
+        })
+        .collect();
+    kafka
+        .produce(
+            BUSINESS,
+            messages.into_iter().map(|(_, r)| r).collect::<Vec<_>>(),
+        )
+        .await;
+    node.wait_for("every message delivered", Duration::from_secs(90), || {
+        pool.count() >= 2000
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let received = pool.received();
+    assert_eq!(received.len(), 2000, "duplicates in a run without faults");
+    let mut by_value: HashMap<String, &support::processes::Received> = HashMap::new();
+    for r in &received {
+        let value = String::from_utf8(r.value.clone()).unwrap();
+        assert_eq!(
+            expected[&value], r.process_id,
+            "message {value} went to the wrong process"
+        );
+        assert!(by_value.insert(value, r).is_none());
+        assert_eq!(r.node_id, "node-a");
+    }
+    // In order per process within a partition.
+    let mut last: BTreeMap<(String, i32), i64> = BTreeMap::new();
+    for r in &received {
+        let previous = last.insert((r.process_id.clone(), r.partition), r.offset);
+        assert!(
+            previous.is_none_or(|p| p < r.offset),
+            "{} got partition {} offset {} after {previous:?}",
+            r.process_id,
+            r.partition,
+            r.offset
+        );
+    }
+
+    let replies = kafka
+        .consume_all("business.replies", 2000, Duration::from_secs(60))
+        .await;
+    assert_eq!(replies.len(), 2000);
+    for reply in &replies {
+        let process =
+            std::str::from_utf8(reply.header("wasmrelay-origin-process").unwrap()).unwrap();
+        let value = String::from_utf8(reply.value.clone().unwrap()).unwrap();
+        assert_eq!(expected[&value], process);
+        assert!(reply.header("wasmrelay-delivery-id").is_some());
+    }
+
+    let (status, found) = get_json(&format!("{}/processes?id=proc-07", node.admin));
+    assert_eq!(status, 200, "{found}");
+    assert_eq!(found["node"], "node-a");
+    assert_eq!(found["connected_here"], true);
+    let (status, _) = get_json(&format!("{}/processes?id=nobody", node.admin));
+    assert_eq!(status, 404);
+    let (status, _) = get_json(&format!("{}/processes", node.admin));
+    assert_eq!(status, 400);
+    let (_, cluster) = get_json(&format!("{}/cluster", node.admin));
+    assert_eq!(cluster["live"], 1, "{cluster}");
+    assert_eq!(cluster["alarm"], false);
+}
+
+/// A cluster of nodes on one broker, started one by one.
+struct Cluster {
+    nodes: Vec<(String, NodePorts, Option<RelayProcess>)>,
+}
+
+impl Cluster {
+    fn start_node(&mut self, kafka: &Tansu, id: &str, extra: &str) {
+        let ports = NodePorts::free();
+        let node = RelayProcess::start(
+            &node_config(id, &kafka.bootstrap(), &ports, extra),
+            ports.admin,
+            &[],
+        );
+        self.nodes.push((id.to_string(), ports, Some(node)));
+    }
+
+    fn node(&self, index: usize) -> &RelayProcess {
+        self.nodes[index].2.as_ref().unwrap()
+    }
+
+    fn cluster_json(&self, index: usize) -> Value {
+        get_json(&format!("{}/cluster", self.node(index).admin)).1
+    }
+
+    /// Client addresses, starting with node `first`'s.
+    fn addresses_from(&self, first: usize) -> Vec<String> {
+        let n = self.nodes.len();
+        (0..n)
+            .map(|i| self.nodes[(first + i) % n].1.client_addr())
+            .collect()
+    }
+
+    /// Whether every running node sees exactly `ids` live and linked.
+    fn all_agree(&self, ids: &[&str]) -> bool {
+        self.nodes
+            .iter()
+            .enumerate()
+            .all(|(i, (self_id, _, node))| {
+                if node.is_none() {
+                    return true;
+                }
+                let view = self.cluster_json(i);
+                let Some(nodes) = view["nodes"].as_array() else {
+                    return false;
+                };
+                let live: Vec<&str> = nodes
+                    .iter()
+                    .filter(|n| n["live"] == true)
+                    .filter_map(|n| n["node_id"].as_str())
+                    .collect();
+                let mesh: Vec<&str> = view["mesh"]
+                    .as_array()
+                    .map(|m| m.iter().filter_map(Value::as_str).collect())
+                    .unwrap_or_default();
+                let mut expected_mesh: Vec<&str> =
+                    ids.iter().copied().filter(|id| id != self_id).collect();
+                expected_mesh.sort_unstable();
+                let mut live_sorted = live.clone();
+                live_sorted.sort_unstable();
+                let mut ids_sorted = ids.to_vec();
+                ids_sorted.sort_unstable();
+                live_sorted == ids_sorted && mesh == expected_mesh
+            })
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nodes_started_one_by_one_join_every_mesh_within_three_heartbeats() {
+    let kafka = Tansu::start();
+    kafka.create_topic(BUSINESS, 3).await;
+    let mut cluster = Cluster { nodes: Vec::new() };
+    let interval = Duration::from_millis(500);
+    let mut ids: Vec<&str> = Vec::new();
+    for id in ["node-a", "node-b", "node-c"] {
+        cluster.start_node(&kafka, id, "");
+        let ready = std::time::Instant::now();
+        ids.push(id);
+        let deadline = ready + Duration::from_secs(20);
+        while !cluster.all_agree(&ids) {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the nodes never agreed on {ids:?}: {:#?}",
+                (0..cluster.nodes.len())
+                    .map(|i| cluster.cluster_json(i))
+                    .collect::<Vec<_>>()
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let took = ready.elapsed();
+        eprintln!("{id}: in every node's mesh {took:?} after it was ready");
+        assert!(
+            took <= interval * 3,
+            "{id} joined every mesh only after {took:?} (3 heartbeat intervals: {:?})",
+            interval * 3
+        );
+    }
+    // Every node's /cluster agrees: same live nodes, same addresses.
+    let views: Vec<Value> = (0..3).map(|i| cluster.cluster_json(i)).collect();
+    for view in &views {
+        assert_eq!(view["live"], 3, "{view}");
+        assert_eq!(view["alarm"], false);
+        let addrs: Vec<&Value> = view["nodes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|n| &n["mesh_addr"])
+            .collect();
+        let first: Vec<&Value> = views[0]["nodes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|n| &n["mesh_addr"])
+            .collect();
+        assert_eq!(addrs, first);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_nodes_route_every_message_to_its_process_exactly_once() {
+    let kafka = Tansu::start();
+    kafka.create_topic(BUSINESS, 6).await;
+    let mut cluster = Cluster { nodes: Vec::new() };
+    for id in ["node-a", "node-b", "node-c"] {
+        cluster.start_node(&kafka, id, "");
+    }
+    let processes: Vec<String> = (0..1000).map(|n| format!("p-{n:04}")).collect();
+    let mut pool = ProcessPool::default();
+    for (i, id) in processes.iter().enumerate() {
+        pool.connect(&cluster.addresses_from(i % 3), id, true).await;
+    }
+    cluster
+        .node(0)
+        .wait_for(
+            "every route known on every node",
+            Duration::from_secs(30),
+            || (0..3).all(|i| cluster.cluster_json(i)["routes"] == 1000),
+        )
+        .await;
+    for i in 0..3 {
+        assert_eq!(
+            cluster.cluster_json(i)["connections"],
+            1000 / 3 + usize::from(i < 1000 % 3)
+        );
+    }
+
+    let total = 50_000;
+    let messages = addressed(total, &processes);
+    let expected: HashMap<String, String> = messages
+        .iter()
+        .map(|(p, r)| {
+            (
+                String::from_utf8(r.value.clone().unwrap()).unwrap(),
+                p.clone(),
+            )
+        })
+        .collect();
+    // In chunks: tansu takes single-record batches slowly while three
+    // nodes consume, and librdkafka times out records queued too long.
+    let records: Vec<TestRecord> = messages.into_iter().map(|(_, r)| r).collect();
+    for chunk in records.chunks(2_000) {
+        kafka.produce(BUSINESS, chunk.to_vec()).await;
+    }
+    cluster
+        .node(0)
+        .wait_for("every message delivered", Duration::from_secs(240), || {
+            pool.count() >= total
+        })
+        .await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let received = pool.received();
+    assert_eq!(received.len(), total, "duplicates in a run without faults");
+    let mut seen = std::collections::HashSet::new();
+    let mut last: BTreeMap<(String, i32), i64> = BTreeMap::new();
+    for r in &received {
+        let value = String::from_utf8(r.value.clone()).unwrap();
+        assert_eq!(
+            expected[&value], r.process_id,
+            "message {value} went to the wrong process"
+        );
+        assert!(seen.insert(value));
+        let previous = last.insert((r.process_id.clone(), r.partition), r.offset);
+        assert!(
+            previous.is_none_or(|p| p < r.offset),
+            "{} got partition {} offset {} after {previous:?}",
+            r.process_id,
+            r.partition,
+            r.offset
+        );
+    }
+    let replies = kafka
+        .consume_all("business.replies", total, Duration::from_secs(120))
+        .await;
+    assert_eq!(replies.len(), total);
+    // Messages crossed the mesh: processes sit on all three nodes, and every
+    // node consumed some of the partitions.
+    let (_, metrics) = http_get(&format!("{}/metrics", cluster.node(1).admin)).unwrap();
+    assert!(
+        metrics.contains("wasmrelay_cluster_live_nodes 3"),
+        "{metrics}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_node_loses_nothing_its_processes_move_and_the_alarm_fires() {
+    let kafka = Tansu::start();
+    kafka.create_topic(BUSINESS, 6).await;
+    let mut cluster = Cluster { nodes: Vec::new() };
+    for id in ["node-a", "node-b", "node-c"] {
+        cluster.start_node(&kafka, id, "min_live_nodes = 3");
+    }
+    let processes: Vec<String> = (0..300).map(|n| format!("p-{n:03}")).collect();
+    let mut pool = ProcessPool::default();
+    for (i, id) in processes.iter().enumerate() {
+        pool.connect(&cluster.addresses_from(i % 3), id, false)
+            .await;
+    }
+    cluster
+        .node(0)
+        .wait_for("every route known", Duration::from_secs(30), || {
+            (0..3).all(|i| cluster.cluster_json(i)["routes"] == 300)
+        })
+        .await;
+
+    let total = 10_000;
+    let messages = addressed(total, &processes);
+    let records: Vec<TestRecord> = messages.into_iter().map(|(_, r)| r).collect();
+    let (first, rest) = records.split_at(6_000);
+    for chunk in first.chunks(2_000) {
+        kafka.produce(BUSINESS, chunk.to_vec()).await;
+    }
+    // Killed in the middle of the stream, with work in flight.
+    cluster
+        .node(0)
+        .wait_for("traffic before the kill", Duration::from_secs(60), || {
+            pool.count() >= 2_000
+        })
+        .await;
+    cluster.nodes[2].2.as_mut().unwrap().sigkill();
+    cluster.nodes[2].2 = None;
+    for chunk in rest.chunks(2_000) {
+        kafka.produce(BUSINESS, chunk.to_vec()).await;
+    }
+
+    // The killed node's processes move to the others.
+    cluster
+        .node(0)
+        .wait_for(
+            "processes reconnected elsewhere",
+            Duration::from_secs(30),
+            || {
+                pool.nodes()
+                    .values()
+                    .all(|n| n.as_deref().is_some_and(|n| n != "node-c"))
+            },
+        )
+        .await;
+    // The live count dropped below the minimum: the alarm fires.
+    cluster
+        .node(0)
+        .wait_for("the alarm in /cluster", Duration::from_secs(30), || {
+            let view = cluster.cluster_json(0);
+            view["live"] == 2 && view["alarm"] == true
+        })
+        .await;
+    assert_eq!(cluster.cluster_json(1)["alarm"], true);
+    let (_, metrics) = http_get(&format!("{}/metrics", cluster.node(0).admin)).unwrap();
+    assert!(metrics.contains("wasmrelay_cluster_alarm 1"), "{metrics}");
+    // (Nodes starting one by one may have reported the alarm and its end
+    // before: look for the report of the loss.)
+    let alarms = kafka
+        .consume_all("wasmrelay.alarms", 100, Duration::from_secs(5))
+        .await;
+    let alarms: Vec<Value> = alarms
+        .iter()
+        .map(|a| serde_json::from_slice(a.value.as_deref().unwrap()).unwrap())
+        .collect();
+    assert!(
+        alarms
+            .iter()
+            .any(|a| a["firing"] == true && a["live"] == 2 && a["min_live_nodes"] == 3),
+        "no alarm for 2 of 3 live nodes on the alarm topic: {alarms:#?}"
+    );
+
+    // tansu 0.6.0 evicts the dead member from the consumer group but does
+    // not tell the survivors to rebalance (Apache Kafka does, after
+    // session.timeout.ms): a replacement node joining the group, as an
+    // orchestrator would start one, makes the group rebalance, and the
+    // killed node's partitions are consumed again from their commits.
+    cluster.start_node(&kafka, "node-d", "min_live_nodes = 3");
+
+    // Every message arrives at least once; duplicates carry the same id.
+    cluster
+        .node(0)
+        .wait_for(
+            "every message at least once",
+            Duration::from_secs(120),
+            || {
+                let values: std::collections::HashSet<Vec<u8>> =
+                    pool.received().into_iter().map(|r| r.value).collect();
+                values.len() == total
+            },
+        )
+        .await;
+    let mut ids: HashMap<Vec<u8>, std::collections::HashSet<String>> = HashMap::new();
+    for r in pool.received() {
+        ids.entry(r.value).or_default().insert(r.delivery_id);
+    }
+    assert!(
+        ids.values().all(|d| d.len() == 1),
+        "a duplicate with another delivery id"
+    );
+    assert!(pool.received().len() >= total);
+    eprintln!(
+        "delivered {} times for {total} messages",
+        pool.received().len()
+    );
+    cluster
+        .node(0)
+        .wait_for(
+            "the alarm cleared with three live nodes",
+            Duration::from_secs(30),
+            || {
+                let view = cluster.cluster_json(0);
+                view["live"] == 3 && view["alarm"] == false
+            },
+        )
+        .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_process_registered_twice_on_two_nodes_replaces_the_older_connection() {
+    let kafka = Tansu::start();
+    kafka.create_topic(BUSINESS, 2).await;
+    let mut cluster = Cluster { nodes: Vec::new() };
+    for id in ["node-a", "node-b"] {
+        cluster.start_node(&kafka, id, "");
+    }
+    let mut older = ProcessPool::default();
+    older
+        .connect(&[cluster.nodes[0].1.client_addr()], "twice", false)
+        .await;
+    cluster
+        .node(1)
+        .wait_for(
+            "node-b knows the route to node-a",
+            Duration::from_secs(10),
+            || {
+                get_json(&format!("{}/processes?id=twice", cluster.node(1).admin)).1["node"]
+                    == "node-a"
+            },
+        )
+        .await;
+    let mut newer = ProcessPool::default();
+    newer
+        .connect(&[cluster.nodes[1].1.client_addr()], "twice", false)
+        .await;
+    cluster
+        .node(0)
+        .wait_for(
+            "the older connection told it was replaced",
+            Duration::from_secs(10),
+            || {
+                older
+                    .events()
+                    .iter()
+                    .any(|(_, e)| e.contains("Replaced") && e.contains("node-b"))
+            },
+        )
+        .await;
+    cluster
+        .node(0)
+        .wait_for(
+            "both nodes route to node-b",
+            Duration::from_secs(10),
+            || {
+                (0..2).all(|i| {
+                    get_json(&format!("{}/processes?id=twice", cluster.node(i).admin)).1["node"]
+                        == "node-b"
+                })
+            },
+        )
+        .await;
+    assert_eq!(cluster.cluster_json(0)["connections"], 0);
+    // Messages now reach the newer connection only.
+    kafka
+        .produce(
+            BUSINESS,
+            (0..20).map(|n| TestRecord::keyed("twice", format!("{n}"))),
+        )
+        .await;
+    cluster
+        .node(0)
+        .wait_for(
+            "deliveries to the newer connection",
+            Duration::from_secs(30),
+            || newer.count() == 20,
+        )
+        .await;
+    assert_eq!(older.count(), 0);
+}

@@ -1,0 +1,189 @@
+//! Business processes for the cluster tests: real SDK clients
+//! (`wasmrelay-client`) on real TCP, each recording what it received,
+//! replying upstream and acking, and a node config to run them against.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use tokio::task::JoinHandle;
+use wasmrelay_client::{Client, ClientConfig, Event, OutgoingMessage};
+
+/// One delivery a process received (and acked).
+#[derive(Clone, Debug)]
+pub struct Received {
+    /// The process that got it.
+    pub process_id: String,
+    /// The node it came through.
+    pub node_id: String,
+    /// `topic/partition/offset`.
+    pub delivery_id: String,
+    /// The message value.
+    pub value: Vec<u8>,
+    /// Input partition and offset.
+    pub partition: i32,
+    /// Input offset.
+    pub offset: i64,
+}
+
+/// Many processes, their clients and what they received.
+#[derive(Default)]
+pub struct ProcessPool {
+    received: Arc<Mutex<Vec<Received>>>,
+    events: Arc<Mutex<Vec<(String, String)>>>,
+    clients: Vec<(String, Client)>,
+    tasks: Vec<JoinHandle<()>>,
+}
+
+impl ProcessPool {
+    /// Connects `process_id` to `addresses` (tried in order); with `reply`,
+    /// each delivery's value is sent back upstream before the ack.
+    pub async fn connect(&mut self, addresses: &[String], process_id: &str, reply: bool) {
+        let mut config = ClientConfig::new(addresses.to_vec(), process_id);
+        config.initial_backoff = std::time::Duration::from_millis(50);
+        config.max_backoff = std::time::Duration::from_millis(500);
+        let (client, mut events) = Client::connect(config)
+            .await
+            .unwrap_or_else(|e| panic!("process {process_id} could not connect: {e}"));
+        let received = self.received.clone();
+        let log = self.events.clone();
+        let sender = client.clone();
+        let id = process_id.to_string();
+        self.tasks.push(tokio::spawn(async move {
+            while let Some(event) = events.next().await {
+                match event {
+                    Event::Delivery(delivery) => {
+                        if reply {
+                            let answer = OutgoingMessage::reply_to(
+                                &delivery,
+                                delivery.message.value.clone(),
+                            );
+                            if sender.send(answer).await.is_err() {
+                                continue; // not acked: delivered again
+                            }
+                        }
+                        let record = Received {
+                            process_id: id.clone(),
+                            node_id: delivery.node_id().to_string(),
+                            delivery_id: delivery.delivery_id.clone(),
+                            value: delivery.message.value.to_vec(),
+                            partition: delivery.message.partition,
+                            offset: delivery.message.offset,
+                        };
+                        if delivery.ack().is_ok() {
+                            received.lock().unwrap().push(record);
+                        }
+                    }
+                    other => log.lock().unwrap().push((id.clone(), format!("{other:?}"))),
+                }
+            }
+        }));
+        self.clients.push((process_id.to_string(), client));
+    }
+
+    /// Everything received so far, in arrival order.
+    pub fn received(&self) -> Vec<Received> {
+        self.received.lock().unwrap().clone()
+    }
+
+    /// How many deliveries were received so far.
+    pub fn count(&self) -> usize {
+        self.received.lock().unwrap().len()
+    }
+
+    /// Events other than deliveries, as (process, debug text).
+    pub fn events(&self) -> Vec<(String, String)> {
+        self.events.lock().unwrap().clone()
+    }
+
+    /// The node each process is connected to now.
+    pub fn nodes(&self) -> HashMap<String, Option<String>> {
+        self.clients
+            .iter()
+            .map(|(id, client)| (id.clone(), client.node_id()))
+            .collect()
+    }
+}
+
+impl Drop for ProcessPool {
+    fn drop(&mut self) {
+        for task in &self.tasks {
+            task.abort();
+        }
+    }
+}
+
+/// The config of a cluster node on `kafka` (with every port given), its
+/// cluster flow consuming `business` with the built-in router.
+pub struct NodePorts {
+    /// Admin API port.
+    pub admin: u16,
+    /// Client listener port.
+    pub client: u16,
+    /// Mesh listener port.
+    pub mesh: u16,
+}
+
+impl NodePorts {
+    /// Three free ports.
+    pub fn free() -> NodePorts {
+        NodePorts {
+            admin: super::relay::free_port(),
+            client: super::relay::free_port(),
+            mesh: super::relay::free_port(),
+        }
+    }
+
+    /// `127.0.0.1:<client port>`.
+    pub fn client_addr(&self) -> String {
+        format!("127.0.0.1:{}", self.client)
+    }
+}
+
+/// A cluster node's config; `extra_cluster` is appended to `[cluster]`.
+pub fn node_config(
+    node_id: &str,
+    bootstrap: &str,
+    ports: &NodePorts,
+    extra_cluster: &str,
+) -> String {
+    let plugins = super::plugins_dist().display();
+    format!(
+        r#"
+[node]
+id = "{node_id}"
+[admin]
+listen = "127.0.0.1:{admin}"
+[plugins]
+dir = "{plugins}"
+[links.main]
+bootstrap_servers = "{bootstrap}"
+[links.main.options]
+"fetch.wait.max.ms" = "10"
+"session.timeout.ms" = "6000"
+"heartbeat.interval.ms" = "500"
+"batch.num.messages" = "1"
+[cluster]
+link = "main"
+client_listen = "127.0.0.1:{client}"
+mesh_listen = "127.0.0.1:{mesh}"
+secret = "test-cluster-secret-0123456789"
+heartbeat_interval = "200ms"
+node_timeout = "1s"
+alarm_topic = "wasmrelay.alarms"
+{extra_cluster}
+[[flows]]
+name = "business"
+link = "main"
+input_topic = "business"
+group = "wasmrelay-cluster"
+output_topic = "business.replies"
+dead_letter_topic = "business.dlq"
+retry = {{ initial_backoff = "20ms", max_backoff = "200ms", budget = "20s" }}
+[flows.deliver.cluster]
+ttl = "30s"
+"#,
+        admin = ports.admin,
+        client = ports.client,
+        mesh = ports.mesh,
+    )
+}
