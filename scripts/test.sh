@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The whole test suite, as CI runs it (.ci/run calls this): installs what it
 # needs, checks formatting and lints, builds the example plugins, runs every
-# test with nextest. Extra arguments go to `cargo nextest run`.
+# test with nextest, then fuzzes the frame decoder for FUZZ_RUNS runs
+# (50,000 by default). Extra arguments go to `cargo nextest run`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -22,3 +23,6 @@ cargo clippy --workspace --all-targets --locked -- -D warnings
 
 say "running the tests"
 cargo nextest run --workspace --locked --no-fail-fast "$@"
+
+say "fuzzing the frame decoder (${FUZZ_RUNS:-50000} runs)"
+scripts/fuzz.sh "${FUZZ_RUNS:-50000}"

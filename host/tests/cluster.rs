@@ -527,3 +527,97 @@ async fn a_process_registered_twice_on_two_nodes_replaces_the_older_connection()
         .await;
     assert_eq!(older.count(), 0);
 }
+
+/// The example client (`client/examples/relay-client.rs`), built on demand.
+fn relay_client_binary() -> std::path::PathBuf {
+    let root = support::repo_root();
+    let target = std::env::var_os("CARGO_TARGET_DIR")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| root.join("target"));
+    let status = std::process::Command::new(env!("CARGO"))
+        .args([
+            "build",
+            "--quiet",
+            "-p",
+            "wasmrelay-client",
+            "--example",
+            "relay-client",
+        ])
+        .current_dir(&root)
+        .status()
+        .expect("running cargo build for the relay-client example");
+    assert!(status.success(), "building the relay-client example failed");
+    target.join("debug/examples/relay-client")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_example_client_prints_deliveries_as_json_lines_and_replies() {
+    let binary = relay_client_binary();
+    let kafka = Tansu::start();
+    kafka.create_topic(BUSINESS, 1).await;
+    let ports = NodePorts::free();
+    let node = RelayProcess::start(
+        &node_config("node-a", &kafka.bootstrap(), &ports, ""),
+        ports.admin,
+        &[],
+    );
+    let child = tokio::process::Command::new(&binary)
+        .args([
+            "--connect",
+            &ports.client_addr(),
+            "--process-id",
+            "cli-1",
+            "--reply",
+            "--count",
+            "3",
+        ])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("starting relay-client");
+    node.wait_for(
+        "the example client registered",
+        Duration::from_secs(20),
+        || get_json(&format!("{}/processes?id=cli-1", node.admin)).0 == 200,
+    )
+    .await;
+    kafka
+        .produce(
+            BUSINESS,
+            (0..3).map(|n| {
+                TestRecord::keyed("cli-1", format!("{{\"n\":{n}}}")).header("trace", "abc")
+            }),
+        )
+        .await;
+    let output = tokio::time::timeout(Duration::from_secs(30), child.wait_with_output())
+        .await
+        .expect("relay-client did not exit after 3 deliveries")
+        .unwrap();
+    assert!(
+        output.status.success(),
+        "relay-client failed: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let lines: Vec<Value> = String::from_utf8(output.stdout)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(lines.len(), 3, "{lines:?}");
+    for (n, line) in lines.iter().enumerate() {
+        assert_eq!(line["value"], format!("{{\"n\":{n}}}"), "{line}");
+        assert_eq!(line["key"], "cli-1");
+        assert_eq!(line["headers"]["trace"], "abc");
+        assert_eq!(line["delivery_id"], format!("business/0/{n}"));
+        assert_eq!(line["node"], "node-a");
+    }
+    let replies = kafka
+        .consume_all("business.replies", 3, Duration::from_secs(30))
+        .await;
+    assert_eq!(replies.len(), 3);
+    assert_eq!(
+        replies[0].header("wasmrelay-origin-process"),
+        Some(&b"cli-1"[..])
+    );
+}
