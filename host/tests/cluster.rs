@@ -621,3 +621,65 @@ async fn the_example_client_prints_deliveries_as_json_lines_and_replies() {
         Some(&b"cli-1"[..])
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn messages_for_no_process_are_retried_until_the_ttl_then_dead_lettered() {
+    let kafka = Tansu::start();
+    kafka.create_topic(BUSINESS, 1).await;
+    let ports = NodePorts::free();
+    let config = node_config("node-a", &kafka.bootstrap(), &ports, "")
+        .replace("ttl = \"30s\"", "ttl = \"2s\"");
+    let node = RelayProcess::start(&config, ports.admin, &[]);
+    let mut pool = ProcessPool::default();
+    let started = std::time::Instant::now();
+    kafka
+        .produce(
+            BUSINESS,
+            [
+                TestRecord::keyed("nobody", "for a process that never connects"),
+                TestRecord {
+                    value: Some(b"no process id at all".to_vec()),
+                    ..TestRecord::default()
+                },
+                TestRecord::keyed("late", "for a process that connects within the ttl"),
+            ],
+        )
+        .await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    pool.connect(&[ports.client_addr()], "late", false).await;
+    let dead = kafka
+        .consume_all("business.dlq", 2, Duration::from_secs(30))
+        .await;
+    assert_eq!(dead.len(), 2, "{dead:?}");
+    let header = |r: &support::tansu::ConsumedRecord, name: &str| {
+        String::from_utf8(r.header(name).unwrap_or_default().to_vec()).unwrap()
+    };
+    let no_id = dead
+        .iter()
+        .find(|r| r.value.as_deref() == Some(&b"no process id at all"[..]))
+        .unwrap();
+    assert_eq!(header(no_id, "wasmrelay-dlq-stage"), "router:built-in");
+    assert!(header(no_id, "wasmrelay-dlq-reason").contains("no process id"));
+    let nobody = dead
+        .iter()
+        .find(|r| r.key.as_deref() == Some(&b"nobody"[..]))
+        .unwrap();
+    assert_eq!(header(nobody, "wasmrelay-dlq-stage"), "deliver");
+    let reason = header(nobody, "wasmrelay-dlq-reason");
+    assert!(
+        reason.contains("nobody") && reason.contains("time to live"),
+        "{reason}"
+    );
+    assert_eq!(header(nobody, "wasmrelay-delivery-id"), "business/0/0");
+    assert!(
+        started.elapsed() >= Duration::from_secs(2),
+        "dead-lettered before the ttl"
+    );
+    // The process that connected in time got its message.
+    node.wait_for(
+        "the late process's delivery",
+        Duration::from_secs(10),
+        || pool.count() == 1,
+    )
+    .await;
+}
