@@ -13,6 +13,8 @@ pub mod flow;
 pub mod gateway;
 pub mod kafka;
 pub mod link;
+pub mod net;
 pub mod node;
+pub mod pending;
 pub mod plugin;
 pub mod telemetry;

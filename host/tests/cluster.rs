@@ -22,6 +22,21 @@ fn get_json(url: &str) -> (u16, Value) {
     (status, serde_json::from_str(&body).unwrap_or(Value::Null))
 }
 
+/// Each process received the messages of each partition in offset order.
+fn assert_in_order_per_process(received: &[support::processes::Received]) {
+    let mut last: BTreeMap<(String, i32), i64> = BTreeMap::new();
+    for r in received {
+        let previous = last.insert((r.process_id.clone(), r.partition), r.offset);
+        assert!(
+            previous.is_none_or(|p| p < r.offset),
+            "{} got partition {} offset {} after {previous:?}",
+            r.process_id,
+            r.partition,
+            r.offset
+        );
+    }
+}
+
 /// `count` messages, each addressed (header `process-id`) to a random one of
 /// `processes`, numbered in their value.
 fn addressed(count: usize, processes: &[String]) -> Vec<(String, TestRecord)> {
@@ -89,18 +104,7 @@ async fn one_node_delivers_each_message_to_its_process_once_and_takes_replies() 
         assert!(by_value.insert(value, r).is_none());
         assert_eq!(r.node_id, "node-a");
     }
-    // In order per process within a partition.
-    let mut last: BTreeMap<(String, i32), i64> = BTreeMap::new();
-    for r in &received {
-        let previous = last.insert((r.process_id.clone(), r.partition), r.offset);
-        assert!(
-            previous.is_none_or(|p| p < r.offset),
-            "{} got partition {} offset {} after {previous:?}",
-            r.process_id,
-            r.partition,
-            r.offset
-        );
-    }
+    assert_in_order_per_process(&received);
 
     let replies = kafka
         .consume_all("business.replies", 2000, Duration::from_secs(60))
@@ -299,7 +303,6 @@ async fn three_nodes_route_every_message_to_its_process_exactly_once() {
     let received = pool.received();
     assert_eq!(received.len(), total, "duplicates in a run without faults");
     let mut seen = std::collections::HashSet::new();
-    let mut last: BTreeMap<(String, i32), i64> = BTreeMap::new();
     for r in &received {
         let value = String::from_utf8(r.value.clone()).unwrap();
         assert_eq!(
@@ -307,15 +310,8 @@ async fn three_nodes_route_every_message_to_its_process_exactly_once() {
             "message {value} went to the wrong process"
         );
         assert!(seen.insert(value));
-        let previous = last.insert((r.process_id.clone(), r.partition), r.offset);
-        assert!(
-            previous.is_none_or(|p| p < r.offset),
-            "{} got partition {} offset {} after {previous:?}",
-            r.process_id,
-            r.partition,
-            r.offset
-        );
     }
+    assert_in_order_per_process(&received);
     let replies = kafka
         .consume_all("business.replies", total, Duration::from_secs(120))
         .await;

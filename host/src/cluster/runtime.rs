@@ -151,7 +151,9 @@ impl ClusterRuntime {
                 node_id: node_id.to_string(),
                 secret: config.secret.as_bytes().to_vec(),
                 max_frame_bytes: config.max_frame_bytes,
-                keepalive: config.heartbeat_interval,
+                // A link silent for three keepalives is broken: as long as
+                // a node may stay silent before it counts as dead.
+                keepalive: (config.node_timeout / 3).max(config.heartbeat_interval),
                 ..MeshOptions::default()
             },
             gateway.clone(),

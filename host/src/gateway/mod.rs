@@ -25,7 +25,6 @@ use futures::future::BoxFuture;
 use tokio::net::TcpListener;
 use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
-use tokio_util::task::TaskTracker;
 use wasmrelay_protocol::v1;
 
 pub use session::{DeliverError, DeliveryResult, Ending, Session};
@@ -158,31 +157,17 @@ impl Gateway {
     /// connection is told the node is shutting down, and this returns when
     /// they have all closed.
     pub async fn serve(self: Arc<Self>, listener: TcpListener, shutdown: CancellationToken) {
-        let connections = TaskTracker::new();
-        loop {
-            let accepted = tokio::select! {
-                _ = shutdown.cancelled() => break,
-                accepted = listener.accept() => accepted,
-            };
-            match accepted {
-                Ok((stream, peer)) => {
-                    self.stats.accepted.fetch_add(1, Ordering::Relaxed);
-                    connections.spawn(connection::serve_connection(
-                        self.clone(),
-                        stream,
-                        peer,
-                        shutdown.clone(),
-                    ));
-                }
-                Err(error) => {
-                    // Out of file descriptors and the like: wait, do not spin.
-                    tracing::warn!(%error, "accepting a client connection failed");
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                }
-            }
-        }
-        connections.close();
-        connections.wait().await;
+        let gateway = self.clone();
+        crate::net::accept_until(
+            listener,
+            shutdown.clone(),
+            "clients",
+            move |stream, peer| {
+                gateway.stats.accepted.fetch_add(1, Ordering::Relaxed);
+                connection::serve_connection(gateway.clone(), stream, peer, shutdown.clone())
+            },
+        )
+        .await;
     }
 
     /// Hands a message to the process `process_id` connected here, in order

@@ -7,7 +7,6 @@
 //! caller retries it through the cluster: nothing waits forever and nothing
 //! is dropped silently.
 
-use std::collections::HashMap;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -15,6 +14,8 @@ use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 use wasmrelay_protocol::v1::{self, ErrorCode};
 use wasmrelay_protocol::{Frame, Kind};
+
+use crate::pending::{NotRegistered, PendingAnswers};
 
 /// How a delivery to a process ended.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -59,6 +60,13 @@ impl Ending {
     }
 }
 
+/// Why a delivery could not be queued.
+enum SlowBecause {
+    Unacked,
+    QueueFull,
+    Closed,
+}
+
 /// A registered process's connection, shared by the connection task and
 /// the senders of deliveries.
 #[derive(Debug)]
@@ -67,7 +75,7 @@ pub struct Session {
     connection_id: u64,
     peer: String,
     outbound: mpsc::Sender<Frame>,
-    pending: Mutex<Option<HashMap<u64, oneshot::Sender<DeliveryResult>>>>,
+    pending: PendingAnswers<DeliveryResult>,
     next_seq: AtomicU64,
     max_unacked: usize,
     closed: CancellationToken,
@@ -87,7 +95,7 @@ impl Session {
             connection_id,
             peer,
             outbound,
-            pending: Mutex::new(Some(HashMap::new())),
+            pending: PendingAnswers::default(),
             next_seq: AtomicU64::new(1),
             max_unacked,
             closed: CancellationToken::new(),
@@ -112,7 +120,7 @@ impl Session {
 
     /// Deliveries sent and not yet answered.
     pub fn unacked(&self) -> usize {
-        self.lock_pending().as_ref().map_or(0, HashMap::len)
+        self.pending.len()
     }
 
     /// Queues a delivery, in order with every other frame to this process,
@@ -125,62 +133,54 @@ impl Session {
         delivery_id: String,
         message: v1::Message,
     ) -> oneshot::Receiver<DeliveryResult> {
-        let (tx, rx) = oneshot::channel();
-        let seq = self.next_seq.fetch_add(1, Ordering::Relaxed);
-        let mut pending = self.lock_pending();
-        let Some(map) = pending.as_mut() else {
-            let _ = tx.send(DeliveryResult::Lost(self.reason_closed()));
-            return rx;
+        let registered = self.pending.register(|unacked| {
+            if unacked >= self.max_unacked {
+                return Err(SlowBecause::Unacked);
+            }
+            let seq = self.next_seq.fetch_add(1, Ordering::Relaxed);
+            let frame = Frame::of(Kind::Deliver(v1::Deliver {
+                seq,
+                delivery_id,
+                message: Some(message),
+            }));
+            match self.outbound.try_send(frame) {
+                Ok(()) => Ok(seq),
+                Err(mpsc::error::TrySendError::Full(_)) => Err(SlowBecause::QueueFull),
+                Err(mpsc::error::TrySendError::Closed(_)) => Err(SlowBecause::Closed),
+            }
+        });
+        let refused = match registered {
+            Ok(answer) => return answer,
+            Err(NotRegistered::Closed) | Err(NotRegistered::Refused(SlowBecause::Closed)) => {
+                self.reason_closed()
+            }
+            Err(NotRegistered::Refused(SlowBecause::Unacked)) => {
+                self.close(
+                    ErrorCode::SlowConsumer,
+                    format!(
+                        "{} deliveries unacknowledged (at most {} allowed)",
+                        self.max_unacked, self.max_unacked
+                    ),
+                );
+                "the process is too slow".to_string()
+            }
+            Err(NotRegistered::Refused(SlowBecause::QueueFull)) => {
+                self.close(
+                    ErrorCode::SlowConsumer,
+                    "the send queue is full: deliveries are not read fast enough".to_string(),
+                );
+                "the process is too slow".to_string()
+            }
         };
-        if map.len() >= self.max_unacked {
-            drop(pending);
-            let _ = tx.send(DeliveryResult::Lost("the process is too slow".to_string()));
-            self.close(
-                ErrorCode::SlowConsumer,
-                format!(
-                    "{} deliveries unacknowledged (at most {} allowed)",
-                    self.max_unacked, self.max_unacked
-                ),
-            );
-            return rx;
-        }
-        let frame = Frame::of(Kind::Deliver(v1::Deliver {
-            seq,
-            delivery_id,
-            message: Some(message),
-        }));
-        match self.outbound.try_send(frame) {
-            Ok(()) => {
-                map.insert(seq, tx);
-            }
-            Err(error) => {
-                drop(pending);
-                let _ = tx.send(DeliveryResult::Lost("the process is too slow".to_string()));
-                if matches!(error, mpsc::error::TrySendError::Full(_)) {
-                    self.close(
-                        ErrorCode::SlowConsumer,
-                        "the send queue is full: deliveries are not read fast enough".to_string(),
-                    );
-                }
-            }
-        }
+        let (tx, rx) = oneshot::channel();
+        let _ = tx.send(DeliveryResult::Lost(refused));
         rx
     }
 
     /// Resolves delivery `seq` (from the process's Ack or Nack). False when
     /// no such delivery is pending (a protocol violation by the client).
     pub(crate) fn answer(&self, seq: u64, result: DeliveryResult) -> bool {
-        let sender = self
-            .lock_pending()
-            .as_mut()
-            .and_then(|map| map.remove(&seq));
-        match sender {
-            Some(sender) => {
-                let _ = sender.send(result);
-                true
-            }
-            None => false,
-        }
+        self.pending.resolve(seq, result)
     }
 
     /// Queues a frame that is not a delivery (SendAck, Pong); false when the
@@ -235,10 +235,8 @@ impl Session {
     /// Resolves every pending delivery as lost; later deliveries resolve
     /// as lost at once. Called by the connection task when it ends.
     pub(crate) fn fail_pending(&self, reason: &str) {
-        let pending = self.lock_pending().take();
-        for (_, sender) in pending.into_iter().flatten() {
-            let _ = sender.send(DeliveryResult::Lost(reason.to_string()));
-        }
+        self.pending
+            .close(|| DeliveryResult::Lost(reason.to_string()));
     }
 
     fn reason_closed(&self) -> String {
@@ -246,12 +244,6 @@ impl Session {
             || "the connection ended".to_string(),
             |e| e.reason().to_string(),
         )
-    }
-
-    fn lock_pending(
-        &self,
-    ) -> std::sync::MutexGuard<'_, Option<HashMap<u64, oneshot::Sender<DeliveryResult>>>> {
-        self.pending.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     fn lock_ending(&self) -> std::sync::MutexGuard<'_, Option<Ending>> {

@@ -167,8 +167,8 @@ link = "main"
 client_listen = "127.0.0.1:{client}"
 mesh_listen = "127.0.0.1:{mesh}"
 secret = "test-cluster-secret-0123456789"
-heartbeat_interval = "200ms"
-node_timeout = "1s"
+heartbeat_interval = "500ms"
+node_timeout = "3s"
 alarm_topic = "wasmrelay.alarms"
 {extra_cluster}
 [[flows]]

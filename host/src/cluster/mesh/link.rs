@@ -8,7 +8,6 @@
 //! pings the peer when it has been quiet for one). Breaking resolves the
 //! forwards still waiting for an answer as [`ForwardOutcome::Lost`].
 
-use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -27,6 +26,7 @@ use wasmrelay_protocol::{CodecError, Frame, FrameCodec, Kind, PROTOCOL_VERSION};
 
 use super::wire::{self, Conn};
 use super::{ForwardOutcome, MeshError, MeshOptions, MeshStats, Shared, bump, keepalive, now_ms};
+use crate::pending::{NotRegistered, PendingAnswers};
 
 /// Bytes of the random nonce of a `MeshHello`.
 pub(super) const NONCE_BYTES: usize = 16;
@@ -93,8 +93,6 @@ impl PeerSlot {
     }
 }
 
-type Pending = HashMap<u64, oneshot::Sender<ForwardOutcome>>;
-
 /// An authenticated outgoing link, shared by its task and the senders of
 /// forwards.
 #[derive(Debug)]
@@ -103,8 +101,8 @@ pub(super) struct Link {
     queue: mpsc::Sender<Frame>,
     capacity: usize,
     max_frame_bytes: usize,
-    /// Forwards waiting for their `ForwardAck`, by seq; `None` once closed.
-    pending: Mutex<Option<Pending>>,
+    /// Forwards waiting for their `ForwardAck`, by seq; closed with the link.
+    pending: PendingAnswers<ForwardOutcome>,
     next_seq: AtomicU64,
     /// Whether a forward was queued since the last keepalive tick.
     sent_since_tick: AtomicBool,
@@ -119,7 +117,7 @@ impl Link {
             queue,
             capacity: options.link_queue,
             max_frame_bytes: options.max_frame_bytes,
-            pending: Mutex::new(Some(HashMap::new())),
+            pending: PendingAnswers::default(),
             next_seq: AtomicU64::new(1),
             sent_since_tick: AtomicBool::new(false),
             closed: CancellationToken::new(),
@@ -135,75 +133,63 @@ impl Link {
         delivery_id: String,
         message: v1::Message,
     ) -> Result<oneshot::Receiver<ForwardOutcome>, MeshError> {
-        let (tx, rx) = oneshot::channel();
-        // Held while queueing, so an ack cannot be looked up before its
-        // forward is pending, and closing cannot miss it.
-        let mut pending = self.lock_pending();
-        let Some(map) = pending.as_mut() else {
-            return Err(MeshError::NotLinked(self.node_id.clone()));
-        };
-        let seq = self.next_seq.fetch_add(1, Ordering::Relaxed);
-        let frame = Frame::of(Kind::Forward(v1::Forward {
-            seq,
-            process_id: process_id.to_string(),
-            delivery_id,
-            message: Some(message),
-        }));
-        let bytes = frame.encoded_len();
-        if bytes > self.max_frame_bytes {
-            return Err(MeshError::TooLarge {
-                bytes,
-                max: self.max_frame_bytes,
-            });
-        }
-        match self.queue.try_send(frame) {
-            Ok(()) => {
-                map.insert(seq, tx);
+        // Queued under the table's lock, so an ack cannot be looked up
+        // before its forward is pending, and closing cannot miss it.
+        let registered = self.pending.register(|_| {
+            let seq = self.next_seq.fetch_add(1, Ordering::Relaxed);
+            let frame = Frame::of(Kind::Forward(v1::Forward {
+                seq,
+                process_id: process_id.to_string(),
+                delivery_id,
+                message: Some(message),
+            }));
+            let bytes = frame.encoded_len();
+            if bytes > self.max_frame_bytes {
+                return Err(MeshError::TooLarge {
+                    bytes,
+                    max: self.max_frame_bytes,
+                });
+            }
+            match self.queue.try_send(frame) {
+                Ok(()) => Ok(seq),
+                Err(mpsc::error::TrySendError::Full(_)) => Err(MeshError::QueueFull {
+                    node_id: self.node_id.clone(),
+                    capacity: self.capacity,
+                }),
+                Err(mpsc::error::TrySendError::Closed(_)) => {
+                    Err(MeshError::NotLinked(self.node_id.clone()))
+                }
+            }
+        });
+        match registered {
+            Ok(rx) => {
                 self.sent_since_tick.store(true, Ordering::Relaxed);
                 bump(&stats.forwards_sent);
                 Ok(rx)
             }
-            Err(mpsc::error::TrySendError::Full(_)) => Err(MeshError::QueueFull {
-                node_id: self.node_id.clone(),
-                capacity: self.capacity,
-            }),
-            Err(mpsc::error::TrySendError::Closed(_)) => {
-                Err(MeshError::NotLinked(self.node_id.clone()))
-            }
+            Err(NotRegistered::Closed) => Err(MeshError::NotLinked(self.node_id.clone())),
+            Err(NotRegistered::Refused(error)) => Err(error),
         }
     }
 
     /// Resolves forward `seq`; false when it is not pending.
     fn resolve(&self, seq: u64, outcome: ForwardOutcome) -> bool {
-        let sender = self
-            .lock_pending()
-            .as_mut()
-            .and_then(|map| map.remove(&seq));
-        match sender {
-            Some(sender) => {
-                let _ = sender.send(outcome);
-                true
-            }
-            None => false,
-        }
+        self.pending.resolve(seq, outcome)
     }
 
     /// Closes the link: later forwards are refused, pending ones resolve as
     /// lost with `reason`. Idempotent.
     fn close(&self, reason: &str, stats: &MeshStats) {
-        let pending = self.lock_pending().take();
-        self.closed.cancel();
-        for (_, sender) in pending.into_iter().flatten() {
-            bump(&stats.forwards_lost);
-            let _ = sender.send(ForwardOutcome::Lost(format!(
+        let lost = self.pending.close(|| {
+            ForwardOutcome::Lost(format!(
                 "the mesh link to node `{}` broke before the answer: {reason}",
                 self.node_id
-            )));
-        }
-    }
-
-    fn lock_pending(&self) -> std::sync::MutexGuard<'_, Option<Pending>> {
-        self.pending.lock().unwrap_or_else(|e| e.into_inner())
+            ))
+        });
+        self.closed.cancel();
+        stats
+            .forwards_lost
+            .fetch_add(lost as u64, std::sync::atomic::Ordering::Relaxed);
     }
 }
 

@@ -10,7 +10,6 @@
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
 
 use bytes::Bytes;
 use futures::stream::FuturesUnordered;
@@ -20,7 +19,6 @@ use tokio::sync::{mpsc, oneshot};
 use tokio::time::Instant;
 use tokio_util::codec::Framed;
 use tokio_util::sync::CancellationToken;
-use tokio_util::task::TaskTracker;
 use wasmrelay_protocol::mesh_auth::{MAX_CLOCK_SKEW_MS, verify_hello, welcome_mac};
 use wasmrelay_protocol::v1::{self, ErrorCode, ForwardResult};
 use wasmrelay_protocol::{Frame, FrameCodec, Kind, PROTOCOL_VERSION};
@@ -68,27 +66,17 @@ impl Refusal {
 /// Accepts links until `shutdown`, then closes them all (and the outgoing
 /// ones) and waits for the incoming ones to end.
 pub(super) async fn serve(mesh: Arc<Mesh>, listener: TcpListener, shutdown: CancellationToken) {
-    let links = TaskTracker::new();
-    loop {
-        let accepted = tokio::select! {
-            _ = shutdown.cancelled() => break,
-            accepted = listener.accept() => accepted,
-        };
-        match accepted {
-            Ok((stream, peer)) => {
-                links.spawn(serve_link(mesh.clone(), stream, peer, shutdown.clone()));
-            }
-            Err(error) => {
-                // Out of file descriptors and the like: wait, do not spin.
-                tracing::warn!(%error, "accepting a mesh connection failed");
-                tokio::time::sleep(Duration::from_millis(50)).await;
-            }
-        }
-    }
-    drop(listener);
-    mesh.close();
-    links.close();
-    links.wait().await;
+    let closing = mesh.clone();
+    let links_shutdown = shutdown.clone();
+    let on_shutdown = async move {
+        links_shutdown.cancelled().await;
+        // Outgoing links close with the node, not only incoming ones.
+        closing.close();
+    };
+    let accepting = crate::net::accept_until(listener, shutdown.clone(), "mesh", |stream, peer| {
+        serve_link(mesh.clone(), stream, peer, shutdown.clone())
+    });
+    tokio::join!(accepting, on_shutdown);
 }
 
 /// Serves one accepted connection until it ends.

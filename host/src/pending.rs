@@ -1,0 +1,122 @@
+//! Answers awaited by sequence number: a frame goes out with a `seq`, the
+//! peer's answer comes back with the same `seq`, and whoever sent it waits on
+//! a oneshot. Shared by the gateway (deliveries awaiting Ack/Nack) and the
+//! mesh (forwards awaiting ForwardAck).
+//!
+//! Registering runs the caller's enqueue step under the lock, so an answer
+//! can never be looked up before its request is registered, and closing
+//! (which answers everything still pending) can never miss one.
+
+use std::collections::HashMap;
+use std::sync::{Mutex, MutexGuard};
+
+use tokio::sync::oneshot;
+
+/// Why a request was not registered.
+#[derive(Debug, PartialEq, Eq)]
+pub enum NotRegistered<E> {
+    /// The table was closed: no answer will ever come.
+    Closed,
+    /// The caller's enqueue step refused (queue full, frame too large...).
+    Refused(E),
+}
+
+/// Requests awaiting their answer, by sequence number; closed for good once
+/// the connection they went out on ends.
+#[derive(Debug)]
+pub struct PendingAnswers<T> {
+    waiting: Mutex<Option<HashMap<u64, oneshot::Sender<T>>>>,
+}
+
+impl<T> Default for PendingAnswers<T> {
+    fn default() -> Self {
+        PendingAnswers {
+            waiting: Mutex::new(Some(HashMap::new())),
+        }
+    }
+}
+
+impl<T> PendingAnswers<T> {
+    /// Runs `enqueue` (given how many are pending now; it sends the request
+    /// and returns its seq) and registers the request under that seq.
+    pub fn register<E>(
+        &self,
+        enqueue: impl FnOnce(usize) -> Result<u64, E>,
+    ) -> Result<oneshot::Receiver<T>, NotRegistered<E>> {
+        let mut waiting = self.lock();
+        let Some(map) = waiting.as_mut() else {
+            return Err(NotRegistered::Closed);
+        };
+        let seq = enqueue(map.len()).map_err(NotRegistered::Refused)?;
+        let (tx, rx) = oneshot::channel();
+        map.insert(seq, tx);
+        Ok(rx)
+    }
+
+    /// Delivers the answer to request `seq`; false when no such request is
+    /// pending.
+    pub fn resolve(&self, seq: u64, answer: T) -> bool {
+        let sender = self.lock().as_mut().and_then(|map| map.remove(&seq));
+        match sender {
+            Some(sender) => {
+                let _ = sender.send(answer);
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Closes the table and answers every pending request with
+    /// `answer()`; returns how many there were. Idempotent.
+    pub fn close(&self, answer: impl Fn() -> T) -> usize {
+        let pending = self.lock().take();
+        let mut count = 0;
+        for (_, sender) in pending.into_iter().flatten() {
+            let _ = sender.send(answer());
+            count += 1;
+        }
+        count
+    }
+
+    /// Requests pending now.
+    pub fn len(&self) -> usize {
+        self.lock().as_ref().map_or(0, HashMap::len)
+    }
+
+    /// True when nothing is pending.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Option<HashMap<u64, oneshot::Sender<T>>>> {
+        self.waiting.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn answers_reach_their_request_and_closing_answers_the_rest() {
+        let pending = PendingAnswers::<&str>::default();
+        let first = pending.register(|_| Ok::<_, ()>(1)).unwrap();
+        let second = pending.register(|count| {
+            assert_eq!(count, 1);
+            Ok::<_, ()>(2)
+        });
+        assert!(pending.resolve(1, "acked"));
+        assert!(!pending.resolve(1, "again"), "answered twice");
+        assert_eq!(first.await.unwrap(), "acked");
+        assert_eq!(
+            pending.register(|_| Err::<u64, _>("full")).unwrap_err(),
+            NotRegistered::Refused("full")
+        );
+        assert_eq!(pending.close(|| "lost"), 1);
+        assert_eq!(second.unwrap().await.unwrap(), "lost");
+        assert_eq!(
+            pending.register(|_| Ok::<_, ()>(3)).unwrap_err(),
+            NotRegistered::Closed
+        );
+    }
+}
