@@ -4,6 +4,10 @@
 #
 #   KAFKA_BOOTSTRAP=127.0.0.1:9092 examples/cluster/three-nodes.sh
 #
+# The input topic `business` must exist (the relay creates only the topics it
+# writes to: replies, dead letters, heartbeats, routes, alarms); until it
+# does, the nodes warn that it is unknown every few seconds.
+#
 # Then connect processes (any of the client ports), for example:
 #   cargo run -p wasmrelay-client --example relay-client -- \
 #     --connect 127.0.0.1:7401,127.0.0.1:7402,127.0.0.1:7403 --process-id p-1 --reply
