@@ -318,6 +318,12 @@ async fn three_nodes_route_every_message_to_its_process_exactly_once() {
     assert_eq!(replies.len(), total);
     // Messages crossed the mesh: processes sit on all three nodes, and every
     // node consumed some of the partitions.
+    for i in 0..3 {
+        let stats = &cluster.cluster_json(i)["stats"];
+        assert!(stats["forwards_delivered"].as_u64().unwrap() > 0, "{stats}");
+        assert!(stats["forwards_received"].as_u64().unwrap() > 0, "{stats}");
+        assert_eq!(stats["forwards_lost"], 0, "{stats}");
+    }
     let (_, metrics) = http_get(&format!("{}/metrics", cluster.node(1).admin)).unwrap();
     assert!(
         metrics.contains("wasmrelay_cluster_live_nodes 3"),

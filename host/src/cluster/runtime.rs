@@ -246,6 +246,27 @@ impl ClusterRuntime {
             "route_table_caught_up": self.routes.caught_up().borrow().is_some(),
             "mesh": linked,
             "nodes": nodes,
+            "stats": self.stats_json(),
+        })
+    }
+
+    /// Counters of the gateway and the mesh since start.
+    fn stats_json(&self) -> serde_json::Value {
+        let gateway = self.gateway.stats();
+        let mesh = self.mesh.stats();
+        json!({
+            "clients_accepted": gateway.accepted(),
+            "client_protocol_errors": gateway.protocol_errors(),
+            "clients_replaced": gateway.replaced(),
+            "forwards_sent": mesh.forwards_sent(),
+            "forwards_delivered": mesh.forwards_delivered(),
+            "forwards_not_here": mesh.forwards_not_here(),
+            "forwards_failed": mesh.forwards_failed(),
+            "forwards_lost": mesh.forwards_lost(),
+            "forwards_received": mesh.forwards_received(),
+            "mesh_links_established": mesh.links_established(),
+            "mesh_links_broken": mesh.links_broken(),
+            "mesh_unauthorized": mesh.unauthorized(),
         })
     }
 
