@@ -1,0 +1,194 @@
+#!/usr/bin/env bash
+# Benchmark 2: resident memory per idle connection. See bench/cluster/README.md.
+#
+#   bench/cluster/idle.sh
+#
+# 1. One node, PER_NODE (10,000) idle SDK connections from 2 client
+#    processes: RSS of the node before and after.
+# 2. Baseline, same run: one nats-server, PER_NODE idle NATS connections
+#    from 2 client processes, each connection with one subscription.
+# 3. NODES (5) nodes x PER_NODE connections, one client process per node.
+#
+# Environment: PER_NODE [10000], NODES [5], SETTLE_S [12] seconds to wait
+# after the last connection before measuring (at least two keepalive pings
+# of every connection), ROUTES_WAIT_S [120], SKIP_BUILD=1, WASMRELAY_BIN,
+# KEEP_RUN_DIR=1.
+NEED_NATS=1
+source "$(dirname "$0")/lib.sh"
+
+PER_NODE=${PER_NODE:-10000}
+NODES=${NODES:-5}
+SETTLE_S=${SETTLE_S:-12}
+HALF=$((PER_NODE / 2))
+(( PER_NODE <= 15000 )) || die "PER_NODE above 15000 needs more client processes (20,000 open files per process)"
+
+check_prerequisites
+build
+RESULTS="$RUN_DIR/results.jsonl"
+: >"$RESULTS"
+
+# record LABEL VARIANT CONNECTIONS BEFORE_KIB AFTER_KIB [EXTRA-JSON]
+record() {
+  python3 -c '
+import json, sys
+label, variant, conns, before, after, extra = sys.argv[1:7]
+r = {"label": label, "variant": variant, "connections": int(conns),
+     "before_kib": int(before), "after_kib": int(after), "delta_kib": int(after) - int(before)}
+r.update(json.loads(extra or "{}"))
+print(json.dumps(r))' "$1" "$2" "$3" "$4" "$5" "${6:-}" >>"$RESULTS"
+}
+
+# start_clients KIND TARGET COUNT FIRST PREFIX NAME: an `idle` or
+# `nats-idle` client process; waits until all its connections are up.
+CLIENT_PIDS=()
+start_clients() {
+  local kind=$1 target=$2 count=$3 first=$4 prefix=$5 name=$6
+  local out="$RUN_DIR/clients-$name"
+  rm -f "$out.ready"
+  if [[ $kind == relay ]]; then
+    "$TOOL" idle --connect "$target" --count "$count" --first "$first" --prefix "$prefix" \
+      --ready-file "$out.ready" >"$out.json" 2>"$out.err" &
+  else
+    "$TOOL" nats-idle --server "$target" --count "$count" --first "$first" --prefix "$prefix" \
+      --ready-file "$out.ready" >"$out.json" 2>"$out.err" &
+  fi
+  local pid=$!
+  STARTED_PIDS+=("$pid")
+  CLIENT_PIDS+=("$pid")
+  echo "$pid" >"$out.pid"
+}
+
+wait_clients() {
+  local name
+  for name in "$@"; do
+    local out="$RUN_DIR/clients-$name"
+    local pid
+    pid=$(cat "$out.pid")
+    TIMEOUT=300 wait_until "client process $name" test -f "$out.ready"
+    local connected
+    connected=$(head -1 "$out.json" | json_field connected)
+    log "clients $name: $connected connected ($(head -1 "$out.json" | json_field connect_seconds) s)"
+  done
+}
+
+stop_clients() {
+  local pid
+  for pid in "${CLIENT_PIDS[@]}"; do stop_pid "$pid"; done
+  CLIENT_PIDS=()
+}
+
+# clients_rss NAME...: summed RSS of client processes, KiB.
+clients_rss() {
+  local total=0 name
+  for name in "$@"; do total=$((total + $(rss_kb "$(cat "$RUN_DIR/clients-$name.pid")"))); done
+  echo "$total"
+}
+
+connections_and_routes() {
+  local id=$1 want_conns=$2 want_routes=$3
+  [[ "$(cluster_field "$id" connections)" == "$want_conns" && "$(cluster_field "$id" routes)" == "$want_routes" ]]
+}
+
+start_tansu
+create_cluster_topics business:3 wasmrelay.routes-single:6:compact wasmrelay.routes-multi:6:compact
+
+# --- 1. one node -------------------------------------------------------------
+log "one node, $PER_NODE idle connections"
+start_node single business idle-single wasmrelay.routes-single
+before=$(settled_rss_kb "$NODE_PID")
+start_clients relay "$NODE_CLIENT" "$HALF" 0 single- single-1
+start_clients relay "$NODE_CLIENT" "$((PER_NODE - HALF))" "$HALF" single- single-2
+wait_clients single-1 single-2
+TIMEOUT=120 wait_until "$PER_NODE connections and routes on the node" \
+  connections_and_routes single "$PER_NODE" "$PER_NODE"
+sleep "$SETTLE_S"
+after=$(settled_rss_kb "$NODE_PID")
+client_rss=$(clients_rss single-1 single-2)
+record "wasmrelay, 1 node" relay "$PER_NODE" "$before" "$after" \
+  "{\"clients_rss_kib\": $client_rss, \"open_files\": $(ls /proc/"$NODE_PID"/fd | wc -l)}"
+log "node RSS $before -> $after KiB; SDK client processes $client_rss KiB"
+stop_clients
+stop_node single
+
+# --- 2. nats-server baseline ---------------------------------------------------
+log "nats-server, $PER_NODE idle connections (one subscription each)"
+start_nats single
+nats_pid=$NATS_PID
+before=$(settled_rss_kb "$nats_pid")
+start_clients nats "127.0.0.1:$NATS_PORT" "$HALF" 0 proc. nats-1
+start_clients nats "127.0.0.1:$NATS_PORT" "$((PER_NODE - HALF))" "$HALF" proc. nats-2
+wait_clients nats-1 nats-2
+sleep "$SETTLE_S"
+after=$(settled_rss_kb "$nats_pid")
+record "nats-server, 1 server" nats "$PER_NODE" "$before" "$after" \
+  "{\"clients_rss_kib\": $(clients_rss nats-1 nats-2)}"
+log "nats-server RSS $before -> $after KiB"
+stop_clients
+stop_pid "$nats_pid"
+
+# --- 3. NODES nodes ------------------------------------------------------------
+total=$((NODES * PER_NODE))
+log "$NODES nodes, $PER_NODE idle connections each ($total)"
+ids=()
+for n in $(seq 1 "$NODES"); do
+  start_node "node-$n" business idle-multi wasmrelay.routes-multi
+  ids+=("node-$n")
+done
+# Let the nodes find each other (mesh) before measuring.
+all_meshed() {
+  local id
+  for id in "${ids[@]}"; do
+    [[ "$(cluster_field "$id" live)" == "$NODES" ]] || return 1
+  done
+}
+TIMEOUT=60 wait_until "$NODES nodes live everywhere" all_meshed
+declare -A BEFORE
+for id in "${ids[@]}"; do BEFORE[$id]=$(rss_kb "${NODE_PIDS[$id]}"); done
+sleep 2
+for id in "${ids[@]}"; do BEFORE[$id]=$(rss_kb "${NODE_PIDS[$id]}"); done
+first=0
+for id in "${ids[@]}"; do
+  start_clients relay "${NODE_CLIENTS[$id]}" "$PER_NODE" "$first" multi- "$id"
+  first=$((first + PER_NODE))
+done
+wait_clients "${ids[@]}"
+# Every node should hold every route; a node that still misses some after
+# ROUTES_WAIT_S is reported (it happened, see bench/RESULTS.md) and the
+# measurement goes on.
+all_routes() {
+  local id
+  for id in "${ids[@]}"; do
+    [[ "$(cluster_field "$id" connections)" == "$PER_NODE" && "$(cluster_field "$id" routes)" == "$total" ]] || return 1
+  done
+}
+if ! (TIMEOUT=${ROUTES_WAIT_S:-120} wait_until "every route on every node" all_routes) 2>/dev/null; then
+  for id in "${ids[@]}"; do
+    log "WARNING: $id has $(cluster_field "$id" routes) routes of $total after ${ROUTES_WAIT_S:-120} s"
+  done
+  ROUTES_SHORT=1
+fi
+sleep "$SETTLE_S"
+sum_before=0; sum_after=0
+for id in "${ids[@]}"; do
+  after=$(settled_rss_kb "${NODE_PIDS[$id]}")
+  record "wasmrelay, $id of $NODES" relay-node "$PER_NODE" "${BEFORE[$id]}" "$after"
+  sum_before=$((sum_before + BEFORE[$id])); sum_after=$((sum_after + after))
+done
+routes_seen=$(for id in "${ids[@]}"; do cluster_field "$id" routes; done | paste -sd, -)
+record "wasmrelay, $NODES nodes together" relay-cluster "$total" "$sum_before" "$sum_after" \
+  "{\"clients_rss_kib\": $(clients_rss "${ids[@]}"), \"routes_per_node\": [$routes_seen]}"
+stop_clients
+
+echo
+describe_run
+echo "settings: $PER_NODE connections per node or server, measured $SETTLE_S s after the last one connected"
+python3 "$BENCH_DIR/report.py" idle "$RESULTS"
+echo "Routes in each node's table at the end (each should be $total): $routes_seen."
+python3 -c '
+import glob, json, sys
+drops = 0
+for path in glob.glob(sys.argv[1] + "/clients-*.json"):
+    lines = open(path).read().split("\n")
+    end = json.loads([l for l in lines if l.strip()][-1])
+    drops += end.get("disconnects", 0) + end.get("closed_by_server", 0)
+print(f"Connections lost while held (should be 0): {drops}.")' "$RUN_DIR"

@@ -1,0 +1,90 @@
+"""Prints the result tables of the cluster benchmarks (markdown) from the
+JSON lines the scripts collect. Usage: report.py routed|idle|catchup FILE"""
+
+import json
+import sys
+
+
+def load(path):
+    with open(path) as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def routed(rows):
+    by = {(r["variant"], r["measure"], r["size"]): r for r in rows}
+    sizes = sorted({r["size"] for r in rows})
+    print()
+    print("| size | measure | wasmrelay A→mesh→B | wasmrelay A→A (no mesh) | NATS A→route→B | wasmrelay routed / NATS | mesh adds |")
+    print("|---:|---|---:|---:|---:|---:|---:|")
+    for size in sizes:
+        t = {v: by.get((v, "throughput", size)) for v in ("wasmrelay-routed", "wasmrelay-local", "nats")}
+        if all(t.values()):
+            rr, rl, rn = (t[v]["steady_rate_per_s"] for v in ("wasmrelay-routed", "wasmrelay-local", "nats"))
+            print(f"| {size} B | throughput, msg/s | {rr:,.0f} | {rl:,.0f} | {rn:,.0f} | {rr / rn:.3f}x | {rr / rl:.2f}x the A→A rate |")
+            cr, cl, cn = (t[v]["server_cpu_ms"] * 1000 / t[v]["received"] for v in ("wasmrelay-routed", "wasmrelay-local", "nats"))
+            print(f"| {size} B | relay nodes / NATS servers CPU, µs per msg | {cr:.1f} | {cl:.1f} | {cn:.2f} | {cr / cn:.0f}x | {cr - cl:+.1f} µs |")
+            kr, kl = (t[v]["broker_cpu_ms"] * 1000 / t[v]["received"] for v in ("wasmrelay-routed", "wasmrelay-local"))
+            print(f"| {size} B | broker (tansu) CPU while draining, µs per msg | {kr:.1f} | {kl:.1f} | — | — | — |")
+        l = {v: by.get((v, "latency", size)) for v in ("wasmrelay-routed", "wasmrelay-local", "nats")}
+        if all(l.values()):
+            for p in ("mean", "p50", "p99"):
+                key = f"latency_ms_{p}"
+                lr, ll, ln = (l[v][key] for v in ("wasmrelay-routed", "wasmrelay-local", "nats"))
+                print(f"| {size} B | latency {p}, ms | {lr:.2f} | {ll:.2f} | {ln:.3f} | {lr / ln:.0f}x | {lr - ll:+.2f} ms |")
+    print()
+    print("Per run (duplicates, disconnects and retries should be 0; latencies of throughput runs are")
+    print("left out: there they are the time spent waiting in the backlog):")
+    print()
+    print("| variant | measure | size | received | duplicates | disconnects | retries | steady msg/s | p50 ms | p90 ms | p99 ms | max ms | server CPU ms |")
+    print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for r in rows:
+        print(
+            f"| {r['variant']} | {r['measure']} | {r['size']} | {r['received']} | {r.get('duplicates', 0)} | "
+            f"{r.get('disconnects', '-')} | {r.get('retries', '-') if isinstance(r.get('retries'), str) else int(r.get('retries', 0))} | "
+            + (
+                f"{r['steady_rate_per_s']:,.0f} | — | — | — | — | {r.get('server_cpu_ms', '-')} |"
+                if r["measure"] == "throughput"
+                else f"{r['steady_rate_per_s']:,.0f} | {r['latency_ms_p50']:.2f} | {r['latency_ms_p90']:.2f} | "
+                f"{r['latency_ms_p99']:.2f} | {r['latency_ms_max']:.2f} | {r.get('server_cpu_ms', '-')} |"
+            )
+        )
+
+
+def idle(rows):
+    print()
+    print("| setup | connections | RSS before, MiB | RSS after, MiB | delta, MiB | per connection, KiB | vs NATS |")
+    print("|---|---:|---:|---:|---:|---:|---:|")
+    base = next((r for r in rows if r["variant"] == "nats"), None)
+    base_per = base["delta_kib"] * 1024 / base["connections"] if base else None
+    for r in rows:
+        per = r["delta_kib"] * 1024 / r["connections"]
+        ratio = f"{per / base_per:.2f}x" if base_per else "-"
+        print(
+            f"| {r['label']} | {r['connections']:,} | {r['before_kib'] / 1024:.1f} | {r['after_kib'] / 1024:.1f} | "
+            f"{r['delta_kib'] / 1024:.1f} | {per / 1024:.1f} | {ratio} |"
+        )
+    print()
+    for r in rows:
+        if "clients_rss_kib" in r:
+            print(
+                f"Client side, {r['label']}: {r['clients_rss_kib'] / 1024:.0f} MiB RSS in the client processes, "
+                f"{r['clients_rss_kib'] / r['connections']:.1f} KiB per connection."
+            )
+
+
+def catchup(rows):
+    print()
+    print("| routes topic | records | routes | catch-up (node's log), s | ready after start, s | RSS after, MiB | delta vs empty, MiB | per route, B |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|")
+    empty = next((r for r in rows if r["variant"] == "empty"), None)
+    for r in rows:
+        delta = (r["rss_kib"] - empty["rss_kib"]) if empty else 0
+        per = f"{delta * 1024 / r['routes']:.0f}" if r["routes"] else "-"
+        print(
+            f"| {r['label']} | {r['records']:,} | {r['routes']:,} | {r['seconds']:.2f} | {r['ready_s']:.2f} | "
+            f"{r['rss_kib'] / 1024:.1f} | {delta / 1024:+.1f} | {per} |"
+        )
+
+
+if __name__ == "__main__":
+    {"routed": routed, "idle": idle, "catchup": catchup}[sys.argv[1]](load(sys.argv[2]))

@@ -1,0 +1,191 @@
+#!/usr/bin/env bash
+# Benchmark 1: routed throughput and latency, node A -> mesh -> process on
+# node B, against a two-server NATS cluster (publisher on server A,
+# subscriber on server B) in the same run. See bench/cluster/README.md.
+#
+#   bench/cluster/routed.sh
+#
+# Environment (defaults in brackets): SIZES ["256 4096"], TPUT_COUNT
+# [100000] messages per wasmrelay throughput run, NATS_TPUT_COUNT [200000],
+# LAT_RATE [1000] messages/s and LAT_SECONDS [10] per latency run,
+# PARTITIONS [12] of each input topic, MAX_UNACKED [8192] (max_unacked and
+# send_queue of the nodes; 1024 is the default), SKIP_BUILD=1,
+# WASMRELAY_BIN, KEEP_RUN_DIR=1.
+NEED_NATS=1
+source "$(dirname "$0")/lib.sh"
+
+SIZES=${SIZES:-"256 4096"}
+TPUT_COUNT=${TPUT_COUNT:-100000}
+NATS_TPUT_COUNT=${NATS_TPUT_COUNT:-200000}
+LAT_RATE=${LAT_RATE:-1000}
+LAT_SECONDS=${LAT_SECONDS:-10}
+PARTITIONS=${PARTITIONS:-12}
+LAT_COUNT=$((LAT_RATE * LAT_SECONDS))
+
+check_prerequisites
+build
+RESULTS="$RUN_DIR/results.jsonl"
+: >"$RESULTS"
+
+# record VARIANT MEASURE SIZE JSON-LINE: appends a result.
+record() {
+  python3 -c '
+import json, sys
+variant, measure, size, line = sys.argv[1:5]
+out = json.loads(line)
+out.update({"variant": variant, "measure": measure, "size": int(size)})
+print(json.dumps(out))' "$1" "$2" "$3" "$4" >>"$RESULTS"
+}
+
+start_tansu
+create_cluster_topics business.idle:1
+
+# Node B's one cluster flow consumes a topic of its own that stays empty
+# (business.idle, its own group): B owns no partition of the benchmark's
+# input topics, so every message is consumed by node A, which finds the
+# process on B in its route table and forwards it over the mesh. The
+# receiving process sits on B. max_unacked / send_queue are raised on both
+# nodes: with the defaults (1024) a single process that acks at once is cut
+# off as a slow consumer when a backlog of several partitions is delivered
+# to it (see bench/RESULTS.md, findings).
+MAX_UNACKED=${MAX_UNACKED:-8192}
+NODE_EXTRA_CLUSTER="max_unacked = $MAX_UNACKED"$'\n'"send_queue = $MAX_UNACKED"
+start_node node-b business.idle bench-b
+log "node-b ready: clients $NODE_CLIENT"
+
+# metric NODE NAME: a flow counter of node NODE.
+metric() {
+  curl -sf "${NODE_ADMINS[$1]}/metrics" | awk -v m="$2" '$1 ~ "^"m"\\{" || $1 == m {print $2; exit}'
+}
+
+# path_up PROCESS WHERE: node A reaches PROCESS (on node-b over a live mesh
+# link, or connected to itself).
+path_up() {
+  local process=$1 where=$2 body
+  body=$(curl -sf "${NODE_ADMINS[node-a]}/processes?id=$process") || return 1
+  if [[ $where == local ]]; then
+    python3 -c 'import json,sys; j=json.loads(sys.argv[1]); sys.exit(0 if j["connected_here"] else 1)' "$body"
+  else
+    python3 -c 'import json,sys; j=json.loads(sys.argv[1]); sys.exit(0 if j["node"]=="node-b" and j["node_live"] else 1)' "$body" || return 1
+    curl -sf "${NODE_ADMINS[node-a]}/cluster" | python3 -c 'import json,sys; sys.exit(0 if "node-b" in json.load(sys.stdin)["mesh"] else 1)'
+  fi
+}
+
+# relay_run MEASURE WHERE SIZE: one wasmrelay run (fresh input topic, fresh
+# node A). MEASURE throughput: the topic is filled first, then node A drains
+# it. MEASURE latency: LAT_RATE messages/s produced while the path is up.
+relay_run() {
+  local measure=$1 where=$2 size=$3
+  local topic="in-$measure-$where-$size" process="proc-$where-$size-$measure"
+  local count receiver_node out="$RUN_DIR/recv-$measure-$where-$size"
+  create_topics "$topic:$PARTITIONS"
+  if [[ $measure == throughput ]]; then
+    count=$TPUT_COUNT
+    log "$where $size B: filling $topic with $count messages (one record per batch)"
+    "$TOOL" produce --bootstrap "$BOOTSTRAP" --topic "$topic" --count "$count" --size "$size" \
+      --process-id "$process" >"$out.produce"
+  else
+    count=$LAT_COUNT
+  fi
+  rm -f "$out.ready"
+  if [[ $where == routed ]]; then
+    # Registered on node B before node A starts.
+    "$TOOL" receive --connect "${NODE_CLIENTS[node-b]}" --process-ids "$process" \
+      --expect "$count" --warmup "$([[ $measure == latency ]] && echo "$LAT_RATE" || echo 0)" \
+      --ready-file "$out.ready" --timeout-s 300 --dump "$out.arrivals" >"$out.json" 2>"$out.err" &
+    local receiver=$!
+    STARTED_PIDS+=("$receiver")
+    wait_until "the receiver on node-b" test -f "$out.ready"
+    start_node node-a "$topic" "bench-a-$topic"
+  else
+    # Node A's client listener is up before its flow consumes: the receiver
+    # keeps trying until it registers there.
+    start_node_with_receiver "$topic" "$process" "$count" "$measure" "$out"
+    local receiver=$RECEIVER_PID
+  fi
+  local cpu_a cpu_b cpu_k
+  cpu_a=$(cpu_ms "${NODE_PIDS[node-a]}"); cpu_b=$(cpu_ms "${NODE_PIDS[node-b]}"); cpu_k=$(cpu_ms "$TANSU_PID")
+  if [[ $measure == latency ]]; then
+    TIMEOUT=30 wait_until "node A reaching $process" path_up "$process" "$where"
+    log "$where $size B: $LAT_RATE messages/s for $LAT_SECONDS s"
+    "$TOOL" produce --bootstrap "$BOOTSTRAP" --topic "$topic" --count "$count" --size "$size" \
+      --process-id "$process" --rate "$LAT_RATE" >"$out.produce"
+  fi
+  if ! wait "$receiver"; then
+    tail -5 "$out.err" >&2
+    die "the $measure run $where $size failed (logs in $RUN_DIR)"
+  fi
+  cpu_a=$(( $(cpu_ms "${NODE_PIDS[node-a]}") - cpu_a ))
+  cpu_b=$(( $(cpu_ms "${NODE_PIDS[node-b]}") - cpu_b ))
+  cpu_k=$(( $(cpu_ms "$TANSU_PID") - cpu_k ))
+  local line
+  line=$(python3 -c '
+import json, sys
+r = json.loads(open(sys.argv[1]).readline())
+r["retries"] = float(sys.argv[2] or 0)
+r["consumed"] = float(sys.argv[3] or 0)
+r["server_cpu_ms"] = int(sys.argv[4]) + int(sys.argv[5])
+r["broker_cpu_ms"] = int(sys.argv[6])
+print(json.dumps(r))' "$out.json" "$(metric node-a wasmrelay_retries_total)" "$(metric node-a wasmrelay_messages_consumed_total)" "$cpu_a" "$cpu_b" "$cpu_k")
+  record "wasmrelay-$where" "$measure" "$size" "$line"
+  log "$where $size B $measure: $(python3 -c 'import json,sys; r=json.loads(sys.argv[1]); print("steady %.0f msg/s, p50 %.2f ms, p99 %.2f ms, duplicates %d, disconnects %d, retries %d" % (r["steady_rate_per_s"], r["latency_ms_p50"], r["latency_ms_p99"], r["duplicates"], r["disconnects"], r["retries"]))' "$line")"
+  stop_node node-a
+}
+
+# For the local variant: node A is started in the background, its client
+# port known in advance, and the receiver keeps trying to register there.
+start_node_with_receiver() {
+  local topic=$1 process=$2 count=$3 measure=$4 out=$5
+  PRESET_CLIENT_PORT=$(free_port)
+  "$TOOL" receive --connect "127.0.0.1:$PRESET_CLIENT_PORT" --process-ids "$process" \
+    --expect "$count" --warmup "$([[ $measure == latency ]] && echo "$LAT_RATE" || echo 0)" \
+    --connect-wait-s 120 --ready-file "$out.ready" --timeout-s 300 --dump "$out.arrivals" >"$out.json" 2>"$out.err" &
+  RECEIVER_PID=$!
+  STARTED_PIDS+=("$RECEIVER_PID")
+  start_node node-a "$topic" "bench-a-$topic"
+  unset PRESET_CLIENT_PORT
+}
+
+nats_run() {
+  local measure=$1 size=$2
+  local out="$RUN_DIR/nats-$measure-$size.json"
+  local cpu_a cpu_b
+  cpu_a=$(cpu_ms "$NATS_A_PID"); cpu_b=$(cpu_ms "$NATS_B_PID")
+  if [[ $measure == throughput ]]; then
+    "$TOOL" nats-pub-sub --publish-to "127.0.0.1:$NATS_A" --subscribe-to "127.0.0.1:$NATS_B" \
+      --count "$NATS_TPUT_COUNT" --size "$size" >"$out" 2>"$out.err"
+  else
+    "$TOOL" nats-pub-sub --publish-to "127.0.0.1:$NATS_A" --subscribe-to "127.0.0.1:$NATS_B" \
+      --count "$LAT_COUNT" --size "$size" --rate "$LAT_RATE" --warmup "$LAT_RATE" >"$out" 2>"$out.err"
+  fi
+  cpu_a=$(( $(cpu_ms "$NATS_A_PID") - cpu_a ))
+  cpu_b=$(( $(cpu_ms "$NATS_B_PID") - cpu_b ))
+  record nats "$measure" "$size" "$(python3 -c '
+import json, sys
+r = json.loads(open(sys.argv[1]).readline())
+r["server_cpu_ms"] = int(sys.argv[2])
+print(json.dumps(r))' "$out" "$((cpu_a + cpu_b))")"
+}
+
+start_nats a
+NATS_A=$NATS_PORT; NATS_A_PID=$NATS_PID
+start_nats b "$NATS_CLUSTER_PORT"
+NATS_B=$NATS_PORT; NATS_B_PID=$NATS_PID
+log "nats-server cluster: a on $NATS_A, b on $NATS_B (route between them)"
+
+for size in $SIZES; do
+  for where in routed local; do
+    relay_run throughput "$where" "$size"
+  done
+  nats_run throughput "$size"
+  for where in routed local; do
+    relay_run latency "$where" "$size"
+  done
+  nats_run latency "$size"
+done
+
+echo
+describe_run
+echo "settings: max_unacked = send_queue = $MAX_UNACKED; throughput $TPUT_COUNT messages (wasmrelay, topic filled first, $PARTITIONS partitions) / $NATS_TPUT_COUNT (NATS, window 10000);"
+echo "          latency $LAT_RATE messages/s for $LAT_SECONDS s, first second left out"
+python3 "$BENCH_DIR/report.py" routed "$RESULTS"

@@ -1,0 +1,261 @@
+//! Kafka side: topics, the timestamped business messages, the route table fill.
+
+use std::time::{Duration, Instant};
+
+use futures::StreamExt as _;
+use futures::stream::FuturesUnordered;
+use rdkafka::ClientConfig;
+use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+use rdkafka::client::DefaultClientContext;
+use rdkafka::error::{KafkaError, RDKafkaErrorCode};
+use rdkafka::message::{Header, OwnedHeaders};
+use rdkafka::producer::future_producer::OwnedDeliveryResult;
+use rdkafka::producer::{DeliveryFuture, FutureProducer, FutureRecord};
+use serde_json::json;
+
+use crate::{emit, now_ns, stamped_value};
+
+#[derive(Debug, clap::Args)]
+pub(crate) struct CreateTopics {
+    #[arg(long)]
+    bootstrap: String,
+    /// `name:partitions` or `name:partitions:compact`; repeat.
+    #[arg(long = "topic", required = true)]
+    topics: Vec<String>,
+}
+
+pub(crate) async fn create_topics(args: CreateTopics) -> Result<(), String> {
+    let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
+        .set("bootstrap.servers", &args.bootstrap)
+        .create()
+        .map_err(|e| format!("admin client: {e}"))?;
+    let mut specs = Vec::new();
+    for spec in &args.topics {
+        let parts: Vec<&str> = spec.split(':').collect();
+        let partitions: i32 = parts
+            .get(1)
+            .and_then(|p| p.parse().ok())
+            .ok_or_else(|| format!("bad topic spec {spec:?} (name:partitions[:compact])"))?;
+        specs.push((
+            parts[0].to_string(),
+            partitions,
+            parts.get(2) == Some(&"compact"),
+        ));
+    }
+    let topics: Vec<NewTopic> = specs
+        .iter()
+        .map(|(name, partitions, compact)| {
+            let topic = NewTopic::new(name, *partitions, TopicReplication::Fixed(1));
+            if *compact {
+                topic.set("cleanup.policy", "compact")
+            } else {
+                topic
+            }
+        })
+        .collect();
+    let options = AdminOptions::new().operation_timeout(Some(Duration::from_secs(20)));
+    let results = admin
+        .create_topics(topics.iter(), &options)
+        .await
+        .map_err(|e| format!("creating topics: {e}"))?;
+    for result in results {
+        match result {
+            Ok(_) | Err((_, RDKafkaErrorCode::TopicAlreadyExists)) => {}
+            Err((topic, code)) => return Err(format!("creating topic {topic}: {code}")),
+        }
+    }
+    Ok(())
+}
+
+fn producer(bootstrap: &str, extra: &[(&str, &str)]) -> Result<FutureProducer, String> {
+    let mut config = ClientConfig::new();
+    config
+        .set("bootstrap.servers", bootstrap)
+        .set("acks", "all")
+        .set("queue.buffering.max.messages", "2000000")
+        .set("queue.buffering.max.kbytes", "2097151")
+        .set("message.timeout.ms", "300000");
+    for (key, value) in extra {
+        config.set(*key, *value);
+    }
+    config.create().map_err(|e| format!("producer: {e}"))
+}
+
+#[derive(Debug, clap::Args)]
+pub(crate) struct Produce {
+    #[arg(long)]
+    bootstrap: String,
+    #[arg(long)]
+    topic: String,
+    /// Messages to produce.
+    #[arg(long)]
+    count: u64,
+    /// Value size in bytes (at least 16).
+    #[arg(long)]
+    size: usize,
+    /// The process the messages are for (header `process-id`).
+    #[arg(long)]
+    process_id: String,
+    /// Messages per second; 0 (default) produces as fast as the broker takes them.
+    #[arg(long, default_value_t = 0.0)]
+    rate: f64,
+    /// Records per producer batch (1: one record per stored batch, which
+    /// tansu needs for consumer-group resume correctness).
+    #[arg(long, default_value_t = 1)]
+    batch: u32,
+}
+
+/// Waits for one acknowledgement; counts failures.
+fn settle(result: OwnedDeliveryResult, failed: &mut u64) {
+    if let Err((error, _)) = result {
+        *failed += 1;
+        if *failed <= 5 {
+            eprintln!("produce failed: {error}");
+        }
+    }
+}
+
+type Acks = FuturesUnordered<DeliveryFuture>;
+
+async fn drain_one(acks: &mut Acks, failed: &mut u64) {
+    if let Some(result) = acks.next().await {
+        match result {
+            Ok(result) => settle(result, failed),
+            Err(_) => *failed += 1,
+        }
+    }
+}
+
+pub(crate) async fn produce(args: Produce) -> Result<(), String> {
+    let batch = args.batch.to_string();
+    let linger = if args.batch > 1 { "20" } else { "0" };
+    let producer = producer(
+        &args.bootstrap,
+        &[("batch.num.messages", &batch), ("linger.ms", linger)],
+    )?;
+    let headers = OwnedHeaders::new().insert(Header {
+        key: "process-id",
+        value: Some(args.process_id.as_bytes()),
+    });
+    let started = Instant::now();
+    let started_tokio = tokio::time::Instant::now();
+    let mut acks: Acks = FuturesUnordered::new();
+    let mut failed = 0u64;
+    for seq in 0..args.count {
+        if args.rate > 0.0 {
+            let due = started_tokio + Duration::from_secs_f64(seq as f64 / args.rate);
+            loop {
+                tokio::select! {
+                    () = tokio::time::sleep_until(due) => break,
+                    Some(result) = acks.next() => match result {
+                        Ok(result) => settle(result, &mut failed),
+                        Err(_) => failed += 1,
+                    },
+                }
+            }
+        }
+        loop {
+            let value = stamped_value(args.size, seq, now_ns());
+            let record: FutureRecord<'_, [u8], [u8]> = FutureRecord::to(&args.topic)
+                .payload(value.as_slice())
+                .headers(headers.clone());
+            match producer.send_result(record) {
+                Ok(ack) => {
+                    acks.push(ack);
+                    break;
+                }
+                Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), _)) => {
+                    drain_one(&mut acks, &mut failed).await;
+                }
+                Err((error, _)) => return Err(format!("producing: {error}")),
+            }
+        }
+    }
+    let enqueued = started.elapsed().as_secs_f64();
+    while !acks.is_empty() {
+        drain_one(&mut acks, &mut failed).await;
+    }
+    let took = started.elapsed().as_secs_f64();
+    emit(json!({
+        "produced": args.count - failed,
+        "failed": failed,
+        "enqueue_s": enqueued,
+        "seconds": took,
+        "rate_per_s": args.count as f64 / took,
+    }));
+    if failed > 0 {
+        return Err(format!("{failed} records were not produced"));
+    }
+    Ok(())
+}
+
+#[derive(Debug, clap::Args)]
+pub(crate) struct FillRoutes {
+    #[arg(long)]
+    bootstrap: String,
+    #[arg(long, default_value = "wasmrelay.routes")]
+    topic: String,
+    /// Routes to write (distinct process ids).
+    #[arg(long)]
+    count: u64,
+    /// Process ids are `<prefix><n>`, n zero-padded to 7 digits.
+    #[arg(long, default_value = "proc-")]
+    prefix: String,
+    /// The node the routes name.
+    #[arg(long, default_value = "node-x")]
+    node: String,
+}
+
+pub(crate) async fn fill_routes(args: FillRoutes) -> Result<(), String> {
+    let producer = producer(
+        &args.bootstrap,
+        &[
+            ("linger.ms", "50"),
+            ("batch.num.messages", "10000"),
+            ("batch.size", "1000000"),
+        ],
+    )?;
+    // The exact record a node writes (host/src/cluster/routes.rs, RouteValue).
+    let value = serde_json::to_vec(&json!({"node": args.node, "registered_at_ms": 0}))
+        .map_err(|e| e.to_string())?;
+    let started = Instant::now();
+    let mut acks: Acks = FuturesUnordered::new();
+    let mut failed = 0u64;
+    for n in 0..args.count {
+        let key = format!("{}{n:07}", args.prefix);
+        loop {
+            let record: FutureRecord<'_, [u8], [u8]> = FutureRecord::to(&args.topic)
+                .key(key.as_bytes())
+                .payload(&value);
+            match producer.send_result(record) {
+                Ok(ack) => {
+                    acks.push(ack);
+                    break;
+                }
+                Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), _)) => {
+                    drain_one(&mut acks, &mut failed).await;
+                }
+                Err((error, _)) => return Err(format!("producing a route: {error}")),
+            }
+        }
+        // Keep the number of futures in check.
+        while acks.len() > 200_000 {
+            drain_one(&mut acks, &mut failed).await;
+        }
+    }
+    while !acks.is_empty() {
+        drain_one(&mut acks, &mut failed).await;
+    }
+    let took = started.elapsed().as_secs_f64();
+    emit(json!({
+        "routes_written": args.count - failed,
+        "failed": failed,
+        "seconds": took,
+        "rate_per_s": args.count as f64 / took,
+        "value_bytes": value.len(),
+    }));
+    if failed > 0 {
+        return Err(format!("{failed} routes were not written"));
+    }
+    Ok(())
+}
