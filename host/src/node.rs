@@ -169,6 +169,7 @@ pub async fn run_with_metrics(
                             ttl: target.ttl,
                             initial_backoff: flow.retry.initial_backoff,
                             max_backoff: flow.retry.max_backoff,
+                            retried: metrics.flow(&flow.name).retried,
                         },
                     ),
                 }

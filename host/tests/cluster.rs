@@ -677,6 +677,11 @@ async fn messages_for_no_process_are_retried_until_the_ttl_then_dead_lettered() 
         started.elapsed() >= Duration::from_secs(2),
         "dead-lettered before the ttl"
     );
+    assert!(node.metric(r#"wasmrelay_retries_total{flow="business"}"#) > 0);
+    assert_eq!(
+        node.metric(r#"wasmrelay_messages_dead_lettered_total{flow="business"}"#),
+        2
+    );
     // The process that connected in time got its message.
     node.wait_for(
         "the late process's delivery",

@@ -72,6 +72,7 @@ fn options() -> GatewayOptions {
         hello_timeout: Duration::from_secs(2),
         send_queue: 64,
         max_unacked: 16,
+        slow_consumer_timeout: Duration::from_millis(300),
         max_frame_bytes: 4096,
     }
 }
@@ -146,6 +147,7 @@ async fn still_served(node: &Node, other: &mut Conn, process_id: &str) {
     let answer = node
         .gateway
         .deliver(process_id, "t/0/1".to_string(), message("still here"))
+        .await
         .unwrap();
     let Some(Kind::Deliver(deliver)) = next(other).await.unwrap().kind else {
         panic!("expected a delivery");
@@ -164,13 +166,15 @@ async fn still_served(node: &Node, other: &mut Conn, process_id: &str) {
 async fn deliveries_are_acked_and_nacked_in_order_and_sends_are_acknowledged() {
     let node = start(options()).await;
     let mut conn = register(&node, "p-1").await;
-    let answers: Vec<_> = (0..5)
-        .map(|n| {
+    let mut answers = Vec::new();
+    for n in 0..5 {
+        answers.push(
             node.gateway
                 .deliver("p-1", format!("t/0/{n}"), message(&format!("m{n}")))
-                .unwrap()
-        })
-        .collect();
+                .await
+                .unwrap(),
+        );
+    }
     for n in 0..5 {
         let Some(Kind::Deliver(deliver)) = next(&mut conn).await.unwrap().kind else {
             panic!("expected a delivery");
@@ -231,6 +235,7 @@ async fn an_id_registered_again_replaces_the_older_connection_which_is_told_why(
     let pending = node
         .gateway
         .deliver("p-1", "t/0/7".to_string(), message("unacked"))
+        .await
         .unwrap();
     assert!(matches!(
         next(&mut older).await.unwrap().kind,
@@ -363,17 +368,54 @@ async fn a_silent_client_is_closed_after_the_idle_timeout() {
 }
 
 #[tokio::test]
-async fn a_client_that_does_not_ack_is_disconnected_and_its_deliveries_handed_back() {
+async fn a_busy_process_holds_deliveries_back_and_one_that_never_acks_is_cut_off() {
     let node = start(options()).await;
+    // max_unacked is 16: a process that acks as it goes receives 100
+    // deliveries in order, the later ones waiting for capacity.
+    let mut busy = register(&node, "busy").await;
+    let gateway = node.gateway.clone();
+    let sender = tokio::spawn(async move {
+        let mut answers = Vec::new();
+        for n in 0..100 {
+            answers.push(
+                gateway
+                    .deliver("busy", format!("t/0/{n}"), message(&format!("{n}")))
+                    .await
+                    .unwrap(),
+            );
+        }
+        answers
+    });
+    for n in 0..100 {
+        let Some(Kind::Deliver(deliver)) = next(&mut busy).await.unwrap().kind else {
+            panic!("expected delivery {n}");
+        };
+        assert_eq!(deliver.message.unwrap().value, n.to_string());
+        assert!(node.gateway.session("busy").unwrap().unacked() <= 16);
+        busy.send(Frame::of(Kind::Ack(v1::Ack { seq: deliver.seq })))
+            .await
+            .unwrap();
+    }
+    for answer in sender.await.unwrap() {
+        assert_eq!(
+            tokio::time::timeout(STEP, answer).await.unwrap().unwrap(),
+            DeliveryResult::Acked
+        );
+    }
+
+    // A process that acks nothing: the 17th delivery waits 300 ms
+    // (slow_consumer_timeout), then the process is cut off and everything
+    // pending is handed back.
     let mut slow = register(&node, "slow").await;
-    // max_unacked is 16: the 17th delivery finds the process too slow.
-    let answers: Vec<_> = (0..17)
-        .map(|n| {
+    let mut answers = Vec::new();
+    for n in 0..17 {
+        answers.push(
             node.gateway
                 .deliver("slow", format!("t/0/{n}"), message("x"))
-                .unwrap()
-        })
-        .collect();
+                .await
+                .unwrap(),
+        );
+    }
     for answer in answers {
         assert!(matches!(
             tokio::time::timeout(STEP, answer).await.unwrap().unwrap(),
@@ -386,6 +428,11 @@ async fn a_client_that_does_not_ack_is_disconnected_and_its_deliveries_handed_ba
             Some(Kind::Deliver(_)) => continue,
             Some(Kind::Error(error)) => {
                 assert_eq!(error.code, ErrorCode::SlowConsumer as i32);
+                assert!(
+                    error.message.contains("unacknowledged"),
+                    "{}",
+                    error.message
+                );
                 break;
             }
             other => panic!("unexpected {other:?}"),

@@ -74,6 +74,7 @@ async fn start_on(options: MeshOptions, mesh_addr: SocketAddr) -> Node {
             hello_timeout: Duration::from_secs(2),
             send_queue: 256,
             max_unacked: 256,
+            slow_consumer_timeout: Duration::from_secs(5),
             max_frame_bytes: MAX_FRAME,
         },
         Arc::new(NoUpstream),

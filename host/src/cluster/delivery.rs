@@ -2,9 +2,11 @@
 //! with retries until a time to live, then a verdict for the dead-letter
 //! topic.
 //!
-//! The first attempt is made at once, in the caller's order (so deliveries
-//! to one process keep their partition order when nothing fails); waiting
-//! for the acknowledgement, and any retry, happen in the returned future.
+//! The first attempt is handed over in the caller's order (so deliveries to
+//! one process keep their partition order when nothing fails), waiting while
+//! a local process has as many deliveries unanswered as it may: that is the
+//! back-pressure on the partition. Waiting for the acknowledgement, and any
+//! retry, happen in the returned future.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -41,6 +43,8 @@ pub struct DeliveryPolicy {
     pub initial_backoff: Duration,
     /// Longest wait between attempts.
     pub max_backoff: Duration,
+    /// Counts each retry (the flow's `wasmrelay_retries_total`).
+    pub retried: prometheus_client::metrics::counter::Counter,
 }
 
 /// Hands a message to a process on another node (the mesh).
@@ -85,9 +89,9 @@ impl ClusterDelivery {
         })
     }
 
-    /// Makes the first attempt now and returns the future of the final
-    /// outcome.
-    pub fn start(
+    /// Makes the first attempt (waiting for the process's capacity) and
+    /// returns the future of the final outcome.
+    pub async fn start(
         self: &Arc<Self>,
         process_id: String,
         input: &InputRecord,
@@ -96,7 +100,7 @@ impl ClusterDelivery {
     ) -> BoxFuture<'static, DeliveryEnd> {
         let delivery_id = input.delivery_id();
         let message = to_wire(input, message);
-        let first = self.attempt(&process_id, &delivery_id, &message);
+        let first = self.attempt(&process_id, &delivery_id, &message).await;
         let this = self.clone();
         async move {
             let deadline = Instant::now() + this.policy.ttl;
@@ -125,18 +129,23 @@ impl ClusterDelivery {
                 }
                 backoff = (backoff * 2).min(this.policy.max_backoff);
                 attempts += 1;
-                attempt = this.attempt(&process_id, &delivery_id, &message);
+                this.policy.retried.inc();
+                attempt = tokio::select! {
+                    _ = abort.cancelled() => return DeliveryEnd::Aborted,
+                    attempt = this.attempt(&process_id, &delivery_id, &message) => attempt,
+                };
             }
         }
         .boxed()
     }
 
-    /// One attempt: hand the message to the process's connection and wait
-    /// for its answer.
-    fn attempt(&self, process_id: &str, delivery_id: &str, message: &v1::Message) -> Attempt {
+    /// One attempt: hand the message to the process's connection (or the
+    /// mesh link to its node); the returned future waits for its answer.
+    async fn attempt(&self, process_id: &str, delivery_id: &str, message: &v1::Message) -> Attempt {
         match self
             .gateway
             .deliver(process_id, delivery_id.to_string(), message.clone())
+            .await
         {
             Ok(answer) => async move {
                 match answer.await {

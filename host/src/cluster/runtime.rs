@@ -357,6 +357,7 @@ fn gateway_options(node_id: &str, cluster: &ClusterConfig) -> GatewayOptions {
         hello_timeout: cluster.hello_timeout,
         send_queue: cluster.send_queue,
         max_unacked: cluster.max_unacked,
+        slow_consumer_timeout: cluster.slow_consumer_timeout,
         max_frame_bytes: cluster.max_frame_bytes,
     }
 }

@@ -283,10 +283,15 @@ pub struct ClusterConfig {
     /// Frames queued for one connection before it is closed as too slow.
     #[serde(default = "default_send_queue")]
     pub send_queue: usize,
-    /// Deliveries one process may leave unacknowledged before it is closed
-    /// as too slow.
+    /// Deliveries one process may leave unacknowledged; further deliveries
+    /// to it wait (holding back its partition) until it answers.
     #[serde(default = "default_max_unacked")]
     pub max_unacked: usize,
+    /// How long deliveries may wait for a process that answers none of its
+    /// unacknowledged deliveries before it is disconnected as too slow (its
+    /// deliveries are then retried wherever it reconnects).
+    #[serde(default = "default_slow_consumer_timeout", with = "humantime_serde")]
+    pub slow_consumer_timeout: Duration,
     /// Largest frame accepted from processes and nodes, in bytes.
     #[serde(default = "default_max_frame_bytes")]
     pub max_frame_bytes: usize,
@@ -373,6 +378,10 @@ fn default_send_queue() -> usize {
 
 fn default_max_unacked() -> usize {
     1024
+}
+
+fn default_slow_consumer_timeout() -> Duration {
+    Duration::from_secs(30)
 }
 
 fn default_max_frame_bytes() -> usize {

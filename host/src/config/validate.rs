@@ -110,6 +110,10 @@ fn check_cluster(config: &RelayConfig, problems: &mut Problems) {
         ("cluster.heartbeat_interval", cluster.heartbeat_interval),
         ("cluster.keepalive", cluster.keepalive),
         ("cluster.hello_timeout", cluster.hello_timeout),
+        (
+            "cluster.slow_consumer_timeout",
+            cluster.slow_consumer_timeout,
+        ),
     ] {
         if value.is_zero() {
             problems.push(key, "must be more than zero");

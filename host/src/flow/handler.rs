@@ -191,8 +191,9 @@ impl FlowHandler {
                 for call in calls {
                     match router.route(&input, &call).await {
                         Ok(process_id) => {
-                            let end =
-                                delivery.start(process_id, &input, call.clone(), abort.clone());
+                            let end = delivery
+                                .start(process_id, &input, call.clone(), abort.clone())
+                                .await;
                             deliveries.push(PendingDelivery { call, end });
                         }
                         Err(failure) => dead_letters.push(self.dead_letter(

@@ -103,6 +103,7 @@ pub(crate) async fn serve_connection(
         peer.to_string(),
         outbound_tx,
         options.max_unacked,
+        options.slow_consumer_timeout,
     ));
     let welcome = Frame::of(Kind::Welcome(v1::Welcome {
         protocol_version: PROTOCOL_VERSION,
@@ -148,11 +149,17 @@ pub(crate) async fn serve_connection(
                 break;
             }
             Ok(Some(Err(error))) => {
-                gateway.stats().protocol_error();
-                tracing::info!(process = %session.process_id(), %peer, %error, "bad bytes from a client; closing its connection");
                 match error.code() {
-                    Some(code) => session.close(code, error.to_string()),
-                    None => session.end(Ending::ClientGone(error.to_string())),
+                    Some(code) => {
+                        gateway.stats().protocol_error();
+                        tracing::info!(process = %session.process_id(), %peer, %error, "bad bytes from a client; closing its connection");
+                        session.close(code, error.to_string());
+                    }
+                    // A reset or a stream cut inside a frame: the client went away.
+                    None => {
+                        tracing::debug!(process = %session.process_id(), %peer, %error, "client connection broke");
+                        session.end(Ending::ClientGone(error.to_string()));
+                    }
                 }
                 break;
             }

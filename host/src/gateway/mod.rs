@@ -41,9 +41,12 @@ pub struct GatewayOptions {
     pub hello_timeout: Duration,
     /// Frames queued for one connection before it counts as too slow.
     pub send_queue: usize,
-    /// Deliveries one connection may leave unanswered before it counts as
-    /// too slow; also the most upstream sends of one connection in flight.
+    /// Deliveries one connection may leave unanswered; more wait until it
+    /// answers. Also the most upstream sends of one connection in flight.
     pub max_unacked: usize,
+    /// How long deliveries may wait for a process that answers nothing
+    /// before it is cut off as too slow.
+    pub slow_consumer_timeout: Duration,
     /// Largest frame accepted or sent.
     pub max_frame_bytes: usize,
 }
@@ -56,6 +59,7 @@ impl Default for GatewayOptions {
             hello_timeout: Duration::from_secs(10),
             send_queue: 1024,
             max_unacked: 1024,
+            slow_consumer_timeout: Duration::from_secs(30),
             max_frame_bytes: wasmrelay_protocol::DEFAULT_MAX_FRAME_BYTES,
         }
     }
@@ -171,9 +175,10 @@ impl Gateway {
     }
 
     /// Hands a message to the process `process_id` connected here, in order
-    /// with every other delivery to it; the receiver resolves when the
-    /// process answers or its connection ends.
-    pub fn deliver(
+    /// with every other delivery to it (waiting while it has `max_unacked`
+    /// unanswered); the receiver resolves when the process answers or its
+    /// connection ends.
+    pub async fn deliver(
         &self,
         process_id: &str,
         delivery_id: String,
@@ -182,7 +187,7 @@ impl Gateway {
         let session = self
             .session(process_id)
             .ok_or_else(|| DeliverError::NotHere(process_id.to_string()))?;
-        Ok(session.deliver(delivery_id, message))
+        Ok(session.deliver(delivery_id, message).await)
     }
 
     /// The session of `process_id`, if it is connected here.

@@ -2,6 +2,12 @@
 //! bounded queue of frames to its connection, and the deliveries it has not
 //! acknowledged yet, each waiting on a oneshot for its outcome.
 //!
+//! A process has at most `max_unacked` deliveries unanswered: the next one
+//! waits (back-pressure toward whoever delivers, in order) until the process
+//! answers an earlier one. A process that answers nothing for
+//! `slow_consumer_timeout` while deliveries wait, or whose queue of frames
+//! fills up because it does not read, is cut off as too slow.
+//!
 //! Ending a session (connection closed, replaced, too slow, node shutting
 //! down) resolves every pending delivery as [`DeliveryResult::Lost`], so the
 //! caller retries it through the cluster: nothing waits forever and nothing
@@ -9,8 +15,9 @@
 
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
 
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::{Semaphore, mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 use wasmrelay_protocol::v1::{self, ErrorCode};
 use wasmrelay_protocol::{Frame, Kind};
@@ -60,11 +67,11 @@ impl Ending {
     }
 }
 
-/// Why a delivery could not be queued.
-enum SlowBecause {
-    Unacked,
-    QueueFull,
-    Closed,
+/// A receiver that already holds `Lost(reason)`.
+fn lost(reason: String) -> oneshot::Receiver<DeliveryResult> {
+    let (tx, rx) = oneshot::channel();
+    let _ = tx.send(DeliveryResult::Lost(reason));
+    rx
 }
 
 /// A registered process's connection, shared by the connection task and
@@ -78,6 +85,9 @@ pub struct Session {
     pending: PendingAnswers<DeliveryResult>,
     next_seq: AtomicU64,
     max_unacked: usize,
+    /// One permit per delivery that may be unanswered.
+    capacity: Semaphore,
+    slow_consumer_timeout: Duration,
     closed: CancellationToken,
     ending: Mutex<Option<Ending>>,
 }
@@ -89,6 +99,7 @@ impl Session {
         peer: String,
         outbound: mpsc::Sender<Frame>,
         max_unacked: usize,
+        slow_consumer_timeout: Duration,
     ) -> Session {
         Session {
             process_id,
@@ -98,6 +109,8 @@ impl Session {
             pending: PendingAnswers::default(),
             next_seq: AtomicU64::new(1),
             max_unacked,
+            capacity: Semaphore::new(max_unacked),
+            slow_consumer_timeout,
             closed: CancellationToken::new(),
             ending: Mutex::new(None),
         }
@@ -124,19 +137,31 @@ impl Session {
     }
 
     /// Queues a delivery, in order with every other frame to this process,
-    /// and returns where its outcome will arrive. A process that has more
-    /// than `max_unacked` deliveries outstanding, or whose queue is full, is
-    /// too slow: its session ends with `SLOW_CONSUMER` and every pending
-    /// delivery, this one included, resolves as lost.
-    pub fn deliver(
+    /// and returns where its outcome will arrive. Waits while the process
+    /// has `max_unacked` deliveries unanswered; after
+    /// `slow_consumer_timeout` of that, or when the queue of frames is full,
+    /// the session ends with `SLOW_CONSUMER` and every pending delivery,
+    /// this one included, resolves as lost.
+    pub async fn deliver(
         &self,
         delivery_id: String,
         message: v1::Message,
     ) -> oneshot::Receiver<DeliveryResult> {
-        let registered = self.pending.register(|unacked| {
-            if unacked >= self.max_unacked {
-                return Err(SlowBecause::Unacked);
+        match tokio::time::timeout(self.slow_consumer_timeout, self.capacity.acquire()).await {
+            Ok(Ok(permit)) => permit.forget(),
+            Ok(Err(_)) => return lost(self.reason_closed()),
+            Err(_) => {
+                self.close(
+                    ErrorCode::SlowConsumer,
+                    format!(
+                        "{} deliveries unacknowledged for {:?}",
+                        self.max_unacked, self.slow_consumer_timeout
+                    ),
+                );
+                return lost("the process is too slow".to_string());
             }
+        }
+        let registered = self.pending.register(|_| {
             let seq = self.next_seq.fetch_add(1, Ordering::Relaxed);
             let frame = Frame::of(Kind::Deliver(v1::Deliver {
                 seq,
@@ -145,42 +170,35 @@ impl Session {
             }));
             match self.outbound.try_send(frame) {
                 Ok(()) => Ok(seq),
-                Err(mpsc::error::TrySendError::Full(_)) => Err(SlowBecause::QueueFull),
-                Err(mpsc::error::TrySendError::Closed(_)) => Err(SlowBecause::Closed),
+                Err(mpsc::error::TrySendError::Full(_)) => Err(true),
+                Err(mpsc::error::TrySendError::Closed(_)) => Err(false),
             }
         });
-        let refused = match registered {
-            Ok(answer) => return answer,
-            Err(NotRegistered::Closed) | Err(NotRegistered::Refused(SlowBecause::Closed)) => {
-                self.reason_closed()
-            }
-            Err(NotRegistered::Refused(SlowBecause::Unacked)) => {
-                self.close(
-                    ErrorCode::SlowConsumer,
-                    format!(
-                        "{} deliveries unacknowledged (at most {} allowed)",
-                        self.max_unacked, self.max_unacked
-                    ),
-                );
-                "the process is too slow".to_string()
-            }
-            Err(NotRegistered::Refused(SlowBecause::QueueFull)) => {
+        match registered {
+            Ok(answer) => answer,
+            Err(NotRegistered::Refused(true)) => {
+                self.capacity.add_permits(1);
                 self.close(
                     ErrorCode::SlowConsumer,
                     "the send queue is full: deliveries are not read fast enough".to_string(),
                 );
-                "the process is too slow".to_string()
+                lost("the process is too slow".to_string())
             }
-        };
-        let (tx, rx) = oneshot::channel();
-        let _ = tx.send(DeliveryResult::Lost(refused));
-        rx
+            Err(NotRegistered::Closed | NotRegistered::Refused(false)) => {
+                self.capacity.add_permits(1);
+                lost(self.reason_closed())
+            }
+        }
     }
 
     /// Resolves delivery `seq` (from the process's Ack or Nack). False when
     /// no such delivery is pending (a protocol violation by the client).
     pub(crate) fn answer(&self, seq: u64, result: DeliveryResult) -> bool {
-        self.pending.resolve(seq, result)
+        let answered = self.pending.resolve(seq, result);
+        if answered {
+            self.capacity.add_permits(1);
+        }
+        answered
     }
 
     /// Queues a frame that is not a delivery (SendAck, Pong); false when the
@@ -235,6 +253,8 @@ impl Session {
     /// Resolves every pending delivery as lost; later deliveries resolve
     /// as lost at once. Called by the connection task when it ends.
     pub(crate) fn fail_pending(&self, reason: &str) {
+        // Deliveries waiting for capacity give up too.
+        self.capacity.close();
         self.pending
             .close(|| DeliveryResult::Lost(reason.to_string()));
     }

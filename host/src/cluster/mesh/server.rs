@@ -12,6 +12,7 @@ use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 
 use bytes::Bytes;
+use futures::future::BoxFuture;
 use futures::stream::FuturesUnordered;
 use futures::{SinkExt as _, StreamExt as _};
 use tokio::net::{TcpListener, TcpStream};
@@ -131,7 +132,13 @@ async fn serve_link(
     let (queue, queue_rx) = mpsc::channel(options.link_queue.max(1));
     let closed = CancellationToken::new();
     let writer = tokio::spawn(wire::write_frames(sink, queue_rx, closed.clone()));
-    let mut answers = FuturesUnordered::new();
+    // Forwards go to the gateway in arrival order on a task of their own,
+    // which may wait for a busy process's capacity without stopping this
+    // loop (pings, other answers); the answers come back here to be sent.
+    let (dispatch, dispatch_rx) = mpsc::channel::<v1::Forward>(options.link_queue.max(1));
+    let (answers_tx, mut pending_answers) = mpsc::unbounded_channel::<BoxFuture<'static, Frame>>();
+    let dispatcher = tokio::spawn(dispatch_forwards(mesh.clone(), dispatch_rx, answers_tx));
+    let mut answers: FuturesUnordered<BoxFuture<'static, Frame>> = FuturesUnordered::new();
     let idle_timeout = keepalive(&options) * 3;
     let idle = tokio::time::sleep(idle_timeout);
     tokio::pin!(idle);
@@ -142,8 +149,12 @@ async fn serve_link(
                 Some(Frame::error(ErrorCode::ShuttingDown, "the node is shutting down")),
             ),
             _ = closed.cancelled() => break ("writing to the peer failed".to_string(), None),
-            Some((seq, answer)) = answers.next(), if !answers.is_empty() => {
-                if !enqueue(&queue, &closed, forward_ack(seq, answer)).await {
+            Some(answer) = pending_answers.recv() => {
+                answers.push(answer);
+                continue;
+            }
+            Some(ack) = answers.next(), if !answers.is_empty() => {
+                if !enqueue(&queue, &closed, ack).await {
                     break ("writing to the peer failed".to_string(), None);
                 }
                 continue;
@@ -178,22 +189,18 @@ async fn serve_link(
                         Some(Frame::error(ErrorCode::ProtocolViolation, reason)),
                     );
                 };
-                match mesh
-                    .gateway()
-                    .deliver(&forward.process_id, forward.delivery_id, message)
-                {
-                    Ok(answer) => {
-                        answers.push(await_answer(forward.seq, answer));
-                        None
-                    }
-                    Err(error @ DeliverError::NotHere(_)) => {
-                        Some(Frame::of(Kind::ForwardAck(v1::ForwardAck {
-                            seq: forward.seq,
-                            result: ForwardResult::NotHere as i32,
-                            reason: error.to_string(),
-                        })))
-                    }
+                let forward = v1::Forward {
+                    message: Some(message),
+                    ..forward
+                };
+                let queued = tokio::select! {
+                    queued = dispatch.send(forward) => queued.is_ok(),
+                    _ = closed.cancelled() => false,
+                };
+                if !queued {
+                    break ("the forward dispatcher stopped".to_string(), None);
                 }
+                None
             }
             Some(Kind::Ping(ping)) => Some(Frame::of(Kind::Pong(v1::Pong { nonce: ping.nonce }))),
             Some(Kind::Pong(_)) => None,
@@ -239,6 +246,7 @@ async fn serve_link(
         tracing::debug!(peer = %from, %peer, %reason, "mesh link closed");
     }
     closed.cancel();
+    dispatcher.abort();
     match writer.await {
         Ok((sink, error)) => {
             if let Some(error) = error {
@@ -332,11 +340,35 @@ async fn handshake(mesh: &Mesh, conn: &mut Conn) -> Result<v1::MeshHello, Refusa
 }
 
 /// The answer of the gateway to forward `seq`, when it comes.
-async fn await_answer(
-    seq: u64,
-    answer: oneshot::Receiver<DeliveryResult>,
-) -> (u64, Result<DeliveryResult, oneshot::error::RecvError>) {
-    (seq, answer.await)
+/// Hands the link's forwards to the gateway one by one, in order, and sends
+/// back (as futures of their `ForwardAck`s) where each answer will come from.
+async fn dispatch_forwards(
+    mesh: Arc<Mesh>,
+    mut forwards: mpsc::Receiver<v1::Forward>,
+    answers: mpsc::UnboundedSender<BoxFuture<'static, Frame>>,
+) {
+    while let Some(forward) = forwards.recv().await {
+        let seq = forward.seq;
+        let message = forward.message.unwrap_or_default();
+        let answer: BoxFuture<'static, Frame> = match mesh
+            .gateway()
+            .deliver(&forward.process_id, forward.delivery_id, message)
+            .await
+        {
+            Ok(answer) => Box::pin(async move { forward_ack(seq, answer.await) }),
+            Err(error @ DeliverError::NotHere(_)) => {
+                let frame = Frame::of(Kind::ForwardAck(v1::ForwardAck {
+                    seq,
+                    result: ForwardResult::NotHere as i32,
+                    reason: error.to_string(),
+                }));
+                Box::pin(async move { frame })
+            }
+        };
+        if answers.send(answer).is_err() {
+            return;
+        }
+    }
 }
 
 /// The `ForwardAck` for the process's answer to forward `seq`.
