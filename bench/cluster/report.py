@@ -30,7 +30,8 @@ def routed(rows):
             for p in ("mean", "p50", "p99"):
                 key = f"latency_ms_{p}"
                 lr, ll, ln = (l[v][key] for v in ("wasmrelay-routed", "wasmrelay-local", "nats"))
-                print(f"| {size} B | latency {p}, ms | {lr:.2f} | {ll:.2f} | {ln:.3f} | {lr / ln:.0f}x | {lr - ll:+.2f} ms |")
+                ratio = f"{lr / ln:.0f}x" if ln else "-"
+                print(f"| {size} B | latency {p}, ms | {lr:.2f} | {ll:.2f} | {ln:.3f} | {ratio} | {lr - ll:+.2f} ms |")
     print()
     print("Per run (duplicates, disconnects and retries should be 0; latencies of throughput runs are")
     print("left out: there they are the time spent waiting in the backlog):")

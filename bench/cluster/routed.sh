@@ -8,9 +8,9 @@
 # Environment (defaults in brackets): SIZES ["256 4096"], TPUT_COUNT
 # [100000] messages per wasmrelay throughput run, NATS_TPUT_COUNT [200000],
 # LAT_RATE [1000] messages/s and LAT_SECONDS [10] per latency run,
-# PARTITIONS [12] of each input topic, MAX_UNACKED [8192] (max_unacked and
-# send_queue of the nodes; 1024 is the default), SKIP_BUILD=1,
-# WASMRELAY_BIN, KEEP_RUN_DIR=1.
+# PARTITIONS [12] of each input topic, MAX_UNACKED [node default] (sets
+# max_unacked and send_queue of both nodes), SKIP_BUILD=1, WASMRELAY_BIN,
+# KEEP_RUN_DIR=1.
 NEED_NATS=1
 source "$(dirname "$0")/lib.sh"
 
@@ -44,12 +44,11 @@ create_cluster_topics business.idle:1
 # (business.idle, its own group): B owns no partition of the benchmark's
 # input topics, so every message is consumed by node A, which finds the
 # process on B in its route table and forwards it over the mesh. The
-# receiving process sits on B. max_unacked / send_queue are raised on both
-# nodes: with the defaults (1024) a single process that acks at once is cut
-# off as a slow consumer when a backlog of several partitions is delivered
-# to it (see bench/RESULTS.md, findings).
-MAX_UNACKED=${MAX_UNACKED:-8192}
-NODE_EXTRA_CLUSTER="max_unacked = $MAX_UNACKED"$'\n'"send_queue = $MAX_UNACKED"
+# receiving process sits on B.
+MAX_UNACKED=${MAX_UNACKED:-}
+if [[ -n "$MAX_UNACKED" ]]; then
+  NODE_EXTRA_CLUSTER="max_unacked = $MAX_UNACKED"$'\n'"send_queue = $MAX_UNACKED"
+fi
 start_node node-b business.idle bench-b
 log "node-b ready: clients $NODE_CLIENT"
 
@@ -186,6 +185,6 @@ done
 
 echo
 describe_run
-echo "settings: max_unacked = send_queue = $MAX_UNACKED; throughput $TPUT_COUNT messages (wasmrelay, topic filled first, $PARTITIONS partitions) / $NATS_TPUT_COUNT (NATS, window 10000);"
+echo "settings: max_unacked = send_queue = ${MAX_UNACKED:-default}; throughput $TPUT_COUNT messages (wasmrelay, topic filled first, $PARTITIONS partitions) / $NATS_TPUT_COUNT (NATS, window 10000);"
 echo "          latency $LAT_RATE messages/s for $LAT_SECONDS s, first second left out"
 python3 "$BENCH_DIR/report.py" routed "$RESULTS"

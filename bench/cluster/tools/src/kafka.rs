@@ -259,3 +259,80 @@ pub(crate) async fn fill_routes(args: FillRoutes) -> Result<(), String> {
     }
     Ok(())
 }
+
+#[derive(Debug, clap::Args)]
+pub(crate) struct TailCount {
+    #[arg(long)]
+    bootstrap: String,
+    #[arg(long)]
+    topic: String,
+    /// Stop after nothing arrived for this many seconds.
+    #[arg(long, default_value_t = 5.0)]
+    idle_s: f64,
+    /// `fetch.wait.max.ms` of the reader.
+    #[arg(long, default_value = "10")]
+    fetch_wait_ms: String,
+}
+
+/// Follows a topic like a node's route-table reader (partitions assigned
+/// from the beginning, no group) and counts offsets it never saw.
+pub(crate) async fn tail_count(args: TailCount) -> Result<(), String> {
+    use rdkafka::Message as _;
+    use rdkafka::consumer::{BaseConsumer, Consumer as _};
+    tokio::task::spawn_blocking(move || {
+        let consumer: BaseConsumer = ClientConfig::new()
+            .set("bootstrap.servers", &args.bootstrap)
+            .set("group.id", "bench-tail-count")
+            .set("enable.auto.commit", "false")
+            .set("fetch.wait.max.ms", &args.fetch_wait_ms)
+            .create()
+            .map_err(|e| format!("consumer: {e}"))?;
+        let metadata = consumer
+            .fetch_metadata(Some(&args.topic), Duration::from_secs(10))
+            .map_err(|e| format!("metadata: {e}"))?;
+        let partitions: Vec<i32> = metadata
+            .topics()
+            .iter()
+            .flat_map(|t| t.partitions().iter().map(|p| p.id()))
+            .collect();
+        let mut assignment = rdkafka::TopicPartitionList::new();
+        for p in &partitions {
+            assignment
+                .add_partition_offset(&args.topic, *p, rdkafka::Offset::Beginning)
+                .map_err(|e| e.to_string())?;
+        }
+        consumer.assign(&assignment).map_err(|e| e.to_string())?;
+        let mut next: std::collections::HashMap<i32, i64> = partitions.iter().map(|p| (*p, 0)).collect();
+        let (mut records, mut skipped, mut backwards) = (0u64, 0i64, 0u64);
+        let mut gaps: Vec<(i32, i64, i64)> = Vec::new();
+        let mut last = Instant::now();
+        while last.elapsed().as_secs_f64() < args.idle_s {
+            match consumer.poll(Duration::from_millis(100)) {
+                Some(Ok(message)) => {
+                    last = Instant::now();
+                    records += 1;
+                    let expected = next.get(&message.partition()).copied().unwrap_or(0);
+                    let offset = message.offset();
+                    if offset > expected {
+                        skipped += offset - expected;
+                        gaps.push((message.partition(), expected, offset));
+                    } else if offset < expected {
+                        backwards += 1;
+                    }
+                    next.insert(message.partition(), offset + 1);
+                }
+                Some(Err(error)) => eprintln!("tail-count: {error}"),
+                None => {}
+            }
+        }
+        emit(json!({
+            "records": records,
+            "skipped": skipped,
+            "backwards": backwards,
+            "gaps": gaps.iter().take(20).map(|(p, from, to)| json!({"partition": p, "from": from, "to": to})).collect::<Vec<_>>(),
+        }));
+        Ok(())
+    })
+    .await
+    .map_err(|e| e.to_string())?
+}

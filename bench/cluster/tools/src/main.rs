@@ -39,6 +39,9 @@ enum Command {
     Produce(kafka::Produce),
     /// Fills a routes topic with process routes (batched).
     FillRoutes(kafka::FillRoutes),
+    /// Reads every partition of a topic from the beginning (no group) and
+    /// reports records and offset gaps (skipped records).
+    TailCount(kafka::TailCount),
     /// Connects business processes (SDK) and measures what they receive.
     Receive(relay::Receive),
     /// Holds many idle SDK connections (registered processes that ping).
@@ -61,6 +64,7 @@ fn main() -> std::process::ExitCode {
             Command::CreateTopics(args) => kafka::create_topics(args).await,
             Command::Produce(args) => kafka::produce(args).await,
             Command::FillRoutes(args) => kafka::fill_routes(args).await,
+            Command::TailCount(args) => kafka::tail_count(args).await,
             Command::Receive(args) => relay::receive(args).await,
             Command::Idle(args) => relay::idle(args).await,
             Command::NatsPubSub(args) => nats::pub_sub(args).await,
