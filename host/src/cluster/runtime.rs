@@ -38,6 +38,8 @@ pub struct ClusterRuntime {
     mesh: Arc<Mesh>,
     view: watch::Receiver<ClusterView>,
     stop: CancellationToken,
+    /// When the node has heard every live node's heartbeat at least once.
+    heard_everyone_at: tokio::time::Instant,
     tasks: std::sync::Mutex<Vec<JoinHandle<()>>>,
     tails: std::sync::Mutex<Vec<TopicTail>>,
 }
@@ -173,7 +175,11 @@ impl ClusterRuntime {
             view.clone(),
             stop.clone(),
         )));
+        // Heartbeats are read from the end: every live node's next one
+        // arrives within an interval (plus Kafka's latency).
+        let heard_everyone_at = tokio::time::Instant::now() + config.heartbeat_interval * 3 / 2;
         Ok(ClusterRuntime {
+            heard_everyone_at,
             node_id: node_id.to_string(),
             gateway,
             routes,
@@ -186,13 +192,26 @@ impl ClusterRuntime {
     }
 
     /// Waits (at most `timeout`) until the route table has read the routes
-    /// topic to its end.
+    /// topic to its end and every live node's heartbeat has been heard once,
+    /// so that the first messages find their processes on other nodes.
     pub async fn wait_caught_up(&self, timeout: Duration) -> anyhow::Result<()> {
         let mut caught_up = self.routes.caught_up();
         tokio::time::timeout(timeout, caught_up.wait_for(Option::is_some))
             .await
             .map_err(|_| anyhow::anyhow!("the route table did not catch up within {timeout:?}"))?
             .map_err(|_| anyhow::anyhow!("the route table reader stopped"))?;
+        tokio::time::sleep_until(self.heard_everyone_at).await;
+        // And linked to them, within a dial's time (a peer that does not
+        // answer is retried in the background; deliveries to it retry too).
+        let peers = self.view.borrow().live_peers(&self.node_id);
+        let peers: Vec<&str> = peers.keys().map(String::as_str).collect();
+        let dial = self.mesh.options().connect_timeout;
+        if tokio::time::timeout(dial, self.mesh.wait_linked(&peers))
+            .await
+            .is_err()
+        {
+            tracing::warn!(?peers, linked = ?self.mesh.linked(), "not linked to every live node yet; starting anyway");
+        }
         Ok(())
     }
 
