@@ -137,6 +137,33 @@ struct Cluster {
 }
 
 impl Cluster {
+    /// Nodes `ids`, started one after the other, each with `extra` in its
+    /// `[cluster]`.
+    fn start(kafka: &Tansu, ids: &[&str], extra: &str) -> Cluster {
+        let mut cluster = Cluster { nodes: Vec::new() };
+        for id in ids {
+            cluster.start_node(kafka, id, extra);
+        }
+        cluster
+    }
+
+    /// `count` processes `<prefix>-<n>`, spread over the nodes (each with
+    /// every node's address, its own first).
+    async fn connect_processes(
+        &self,
+        count: usize,
+        prefix: &str,
+        reply: bool,
+    ) -> (Vec<String>, ProcessPool) {
+        let processes: Vec<String> = (0..count).map(|n| format!("{prefix}-{n:04}")).collect();
+        let mut pool = ProcessPool::default();
+        for (i, id) in processes.iter().enumerate() {
+            pool.connect(&self.addresses_from(i % self.nodes.len()), id, reply)
+                .await;
+        }
+        (processes, pool)
+    }
+
     fn start_node(&mut self, kafka: &Tansu, id: &str, extra: &str) {
         let ports = NodePorts::free();
         let node = RelayProcess::start(
@@ -266,15 +293,8 @@ async fn nodes_started_one_by_one_join_every_mesh_within_three_heartbeats() {
 async fn three_nodes_route_every_message_to_its_process_exactly_once() {
     let kafka = Tansu::start();
     kafka.create_topic(BUSINESS, 6).await;
-    let mut cluster = Cluster { nodes: Vec::new() };
-    for id in ["node-a", "node-b", "node-c"] {
-        cluster.start_node(&kafka, id, "");
-    }
-    let processes: Vec<String> = (0..1000).map(|n| format!("p-{n:04}")).collect();
-    let mut pool = ProcessPool::default();
-    for (i, id) in processes.iter().enumerate() {
-        pool.connect(&cluster.addresses_from(i % 3), id, true).await;
-    }
+    let cluster = Cluster::start(&kafka, &["node-a", "node-b", "node-c"], "");
+    let (processes, pool) = cluster.connect_processes(1000, "p", true).await;
     cluster
         .node(0)
         .wait_for(
@@ -349,16 +369,12 @@ async fn three_nodes_route_every_message_to_its_process_exactly_once() {
 async fn a_killed_node_loses_nothing_its_processes_move_and_the_alarm_fires() {
     let kafka = Tansu::start();
     kafka.create_topic(BUSINESS, 6).await;
-    let mut cluster = Cluster { nodes: Vec::new() };
-    for id in ["node-a", "node-b", "node-c"] {
-        cluster.start_node(&kafka, id, "min_live_nodes = 3");
-    }
-    let processes: Vec<String> = (0..300).map(|n| format!("p-{n:03}")).collect();
-    let mut pool = ProcessPool::default();
-    for (i, id) in processes.iter().enumerate() {
-        pool.connect(&cluster.addresses_from(i % 3), id, false)
-            .await;
-    }
+    let mut cluster = Cluster::start(
+        &kafka,
+        &["node-a", "node-b", "node-c"],
+        "min_live_nodes = 3",
+    );
+    let (processes, pool) = cluster.connect_processes(300, "p", false).await;
     cluster
         .node(0)
         .wait_for("every route known", Duration::from_secs(30), || {
@@ -481,10 +497,7 @@ async fn a_killed_node_loses_nothing_its_processes_move_and_the_alarm_fires() {
 async fn a_process_registered_twice_on_two_nodes_replaces_the_older_connection() {
     let kafka = Tansu::start();
     kafka.create_topic(BUSINESS, 2).await;
-    let mut cluster = Cluster { nodes: Vec::new() };
-    for id in ["node-a", "node-b"] {
-        cluster.start_node(&kafka, id, "");
-    }
+    let cluster = Cluster::start(&kafka, &["node-a", "node-b"], "");
     let mut older = ProcessPool::default();
     older
         .connect(&[cluster.nodes[0].1.client_addr()], "twice", false)
