@@ -37,18 +37,62 @@ fn assert_in_order_per_process(received: &[support::processes::Received]) {
     }
 }
 
-/// `count` messages, each addressed (header `process-id`) to a random one of
-/// `processes`, numbered in their value.
-fn addressed(count: usize, processes: &[String]) -> Vec<(String, TestRecord)> {
+/// Messages numbered in their value, each addressed (header `process-id`)
+/// to a random process, and which process each value is for.
+struct Addressed {
+    records: Vec<TestRecord>,
+    process_of: HashMap<String, String>,
+}
+
+/// `count` messages addressed to random ones of `processes`.
+fn addressed(count: usize, processes: &[String]) -> Addressed {
     let mut rng = rand::rng();
-    (0..count)
+    let mut process_of = HashMap::new();
+    let records = (0..count)
         .map(|n| {
             let process = processes[rng.random_range(0..processes.len())].clone();
-            let record = TestRecord::keyed(process.clone(), format!("{n}"))
-                .header("process-id", process.clone());
-            (process, record)
+            process_of.insert(n.to_string(), process.clone());
+            TestRecord::keyed(process.clone(), n.to_string()).header("process-id", process)
         })
-        .collect()
+        .collect();
+    Addressed {
+        records,
+        process_of,
+    }
+}
+
+impl Addressed {
+    /// Every message reached exactly its process, exactly once, in order
+    /// per process and partition.
+    fn assert_each_delivered_once(&self, received: &[support::processes::Received]) {
+        assert_eq!(
+            received.len(),
+            self.records.len(),
+            "duplicates in a run without faults"
+        );
+        let mut seen = std::collections::HashSet::new();
+        for r in received {
+            let value = String::from_utf8(r.value.clone()).unwrap();
+            assert_eq!(
+                self.process_of[&value], r.process_id,
+                "message {value} went to the wrong process"
+            );
+            assert!(seen.insert(value));
+        }
+        assert_in_order_per_process(received);
+    }
+
+    /// Every reply came from the process the message was for.
+    fn assert_replies(&self, replies: &[support::tansu::ConsumedRecord]) {
+        assert_eq!(replies.len(), self.records.len());
+        for reply in replies {
+            let process =
+                std::str::from_utf8(reply.header("wasmrelay-origin-process").unwrap()).unwrap();
+            let value = String::from_utf8(reply.value.clone().unwrap()).unwrap();
+            assert_eq!(self.process_of[&value], process);
+            assert!(reply.header("wasmrelay-delivery-id").is_some());
+        }
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -72,51 +116,19 @@ async fn one_node_delivers_each_message_to_its_process_once_and_takes_replies() 
     .await;
 
     let messages = addressed(2000, &processes);
-    let expected: HashMap<String, String> = messages
-        .iter()
-        .map(|(p, r)| {
-            (
-                String::from_utf8(r.value.clone().unwrap()).unwrap(),
-                p.clone(),
-            )
-        })
-        .collect();
-    kafka
-        .produce(
-            BUSINESS,
-            messages.into_iter().map(|(_, r)| r).collect::<Vec<_>>(),
-        )
-        .await;
+    kafka.produce(BUSINESS, messages.records.clone()).await;
     node.wait_for("every message delivered", Duration::from_secs(90), || {
         pool.count() >= 2000
     })
     .await;
     tokio::time::sleep(Duration::from_millis(500)).await;
     let received = pool.received();
-    assert_eq!(received.len(), 2000, "duplicates in a run without faults");
-    let mut by_value: HashMap<String, &support::processes::Received> = HashMap::new();
-    for r in &received {
-        let value = String::from_utf8(r.value.clone()).unwrap();
-        assert_eq!(
-            expected[&value], r.process_id,
-            "message {value} went to the wrong process"
-        );
-        assert!(by_value.insert(value, r).is_none());
-        assert_eq!(r.node_id, "node-a");
-    }
-    assert_in_order_per_process(&received);
-
+    messages.assert_each_delivered_once(&received);
+    assert!(received.iter().all(|r| r.node_id == "node-a"));
     let replies = kafka
         .consume_all("business.replies", 2000, Duration::from_secs(60))
         .await;
-    assert_eq!(replies.len(), 2000);
-    for reply in &replies {
-        let process =
-            std::str::from_utf8(reply.header("wasmrelay-origin-process").unwrap()).unwrap();
-        let value = String::from_utf8(reply.value.clone().unwrap()).unwrap();
-        assert_eq!(expected[&value], process);
-        assert!(reply.header("wasmrelay-delivery-id").is_some());
-    }
+    messages.assert_replies(&replies);
 
     let (status, found) = get_json(&format!("{}/processes?id=proc-07", node.admin));
     assert_eq!(status, 200, "{found}");
@@ -312,19 +324,9 @@ async fn three_nodes_route_every_message_to_its_process_exactly_once() {
 
     let total = 50_000;
     let messages = addressed(total, &processes);
-    let expected: HashMap<String, String> = messages
-        .iter()
-        .map(|(p, r)| {
-            (
-                String::from_utf8(r.value.clone().unwrap()).unwrap(),
-                p.clone(),
-            )
-        })
-        .collect();
     // In chunks: tansu takes single-record batches slowly while three
     // nodes consume, and librdkafka times out records queued too long.
-    let records: Vec<TestRecord> = messages.into_iter().map(|(_, r)| r).collect();
-    for chunk in records.chunks(2_000) {
+    for chunk in messages.records.chunks(2_000) {
         kafka.produce(BUSINESS, chunk.to_vec()).await;
     }
     cluster
@@ -334,22 +336,11 @@ async fn three_nodes_route_every_message_to_its_process_exactly_once() {
         })
         .await;
     tokio::time::sleep(Duration::from_secs(1)).await;
-    let received = pool.received();
-    assert_eq!(received.len(), total, "duplicates in a run without faults");
-    let mut seen = std::collections::HashSet::new();
-    for r in &received {
-        let value = String::from_utf8(r.value.clone()).unwrap();
-        assert_eq!(
-            expected[&value], r.process_id,
-            "message {value} went to the wrong process"
-        );
-        assert!(seen.insert(value));
-    }
-    assert_in_order_per_process(&received);
+    messages.assert_each_delivered_once(&pool.received());
     let replies = kafka
         .consume_all("business.replies", total, Duration::from_secs(120))
         .await;
-    assert_eq!(replies.len(), total);
+    messages.assert_replies(&replies);
     // Messages crossed the mesh: processes sit on all three nodes, and every
     // node consumed some of the partitions.
     for i in 0..3 {
@@ -384,8 +375,7 @@ async fn a_killed_node_loses_nothing_its_processes_move_and_the_alarm_fires() {
 
     let total = 10_000;
     let messages = addressed(total, &processes);
-    let records: Vec<TestRecord> = messages.into_iter().map(|(_, r)| r).collect();
-    let (first, rest) = records.split_at(6_000);
+    let (first, rest) = messages.records.split_at(6_000);
     for chunk in first.chunks(2_000) {
         kafka.produce(BUSINESS, chunk.to_vec()).await;
     }
@@ -728,4 +718,41 @@ async fn messages_for_no_process_are_retried_until_the_ttl_then_dead_lettered() 
         || pool.count() == 1,
     )
     .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_router_plugin_names_the_process() {
+    let kafka = Tansu::start();
+    kafka.create_topic(BUSINESS, 1).await;
+    let ports = NodePorts::free();
+    // route-by-field: the `process-id` header, else the JSON field `process_id`.
+    let config = node_config("node-a", &kafka.bootstrap(), &ports, "").replace(
+        "[flows.deliver.cluster]",
+        "[flows.deliver.cluster]\nrouter = \"route-by-field\"",
+    );
+    let node = RelayProcess::start(&config, ports.admin, &[]);
+    let mut pool = ProcessPool::default();
+    pool.connect(&[ports.client_addr()], "by-field", false)
+        .await;
+    kafka
+        .produce(
+            BUSINESS,
+            [
+                // The key names another process: the plugin, not the key, decides.
+                TestRecord::keyed("someone-else", r#"{"process_id":"by-field","n":1}"#),
+                TestRecord::keyed("someone-else", r#"{"n":2}"#),
+            ],
+        )
+        .await;
+    node.wait_for("the routed delivery", Duration::from_secs(20), || {
+        pool.count() == 1
+    })
+    .await;
+    assert_eq!(pool.received()[0].process_id, "by-field");
+    let dead = kafka
+        .consume_all("business.dlq", 1, Duration::from_secs(20))
+        .await;
+    assert_eq!(dead.len(), 1);
+    let stage = String::from_utf8(dead[0].header("wasmrelay-dlq-stage").unwrap().to_vec()).unwrap();
+    assert!(stage.starts_with("router:route-by-field@"), "{stage}");
 }
