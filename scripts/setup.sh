@@ -1,21 +1,36 @@
 #!/usr/bin/env bash
 # Installs what building, testing and the demo need, skipping whatever is
-# already there: the wasm32-wasip2 Rust target (plugins are built for it),
-# protoc (Debian protobuf-compiler; the etcd client compiles etcd's protobuf
-# files), cargo-nextest (the test runner), etcd (Debian etcd-server; the
-# config-center tests start one) and tansu (the Kafka broker the integration
-# tests start). Safe to run again and again. With `--demo`, only what the
-# demo needs (the wasm32-wasip2 target and protoc).
+# already there, then checks that each piece works:
+#
+#   - the wasm32-wasip2 Rust target (plugins are built for it);
+#   - a C and C++ toolchain: `cc` that compiles and links a C program (Debian
+#     gcc, libc6-dev; Rust links through it), `c++` (Debian g++; the rdkafka
+#     crate builds librdkafka from source and its configure script fails
+#     without a C++ compiler) and make (librdkafka's build runs `make libs`);
+#   - protoc with the protobuf well-known types (Debian protobuf-compiler and
+#     libprotobuf-dev; the etcd client compiles etcd's protobuf files, which
+#     import google/protobuf/descriptor.proto);
+#
+# and, for the tests (not with `--demo`):
+#
+#   - etcd (Debian etcd-server; the config-center tests start one);
+#   - python3 (the sidecar example app) and kill (Debian procps);
+#   - cargo-nextest (the test runner) and tansu 0.6.0 (the Kafka broker the
+#     integration tests start; a long build the first time).
+#
+# Debian packages are installed with apt-get (through sudo when not root;
+# apt-get update runs once, and only when something is missing). Safe to run
+# again and again. With `--demo`, only what the demo needs.
 set -euo pipefail
 
 demo_only=false
 [[ "${1:-}" == "--demo" ]] && demo_only=true
 
 say() { printf '\033[1m==> %s\033[0m\n' "$*" >&2; }
+fail() { printf 'error: %s\n' "$*" >&2; exit 1; }
 
 if ! command -v cargo >/dev/null 2>&1; then
-  echo "error: cargo is not installed; install Rust 1.95 or newer with rustup first" >&2
-  exit 1
+  fail "cargo is not installed; install Rust 1.95 or newer with rustup first"
 fi
 
 if ! rustup target list --installed 2>/dev/null | grep -qx wasm32-wasip2; then
@@ -23,41 +38,120 @@ if ! rustup target list --installed 2>/dev/null | grep -qx wasm32-wasip2; then
   rustup target add wasm32-wasip2
 fi
 
-# Debian packages, installed only when missing (apt-get update once, first).
-apt_updated=false
+scratch="$(mktemp -d "${TMPDIR:-/tmp}/wasmrelay-setup.XXXXXX")"
+trap 'rm -rf "$scratch"' EXIT
+
+# --- checks: each one proves a piece works, quietly; the last failure's
+# output is kept in $scratch/why for the error message.
+
+c_compiler_works() {
+  printf '#include <stdio.h>\nint main(void) { puts("ok"); return 0; }\n' >"$scratch/check.c"
+  cc "$scratch/check.c" -o "$scratch/check-c" >"$scratch/why" 2>&1 \
+    && "$scratch/check-c" >/dev/null 2>>"$scratch/why"
+}
+
+cxx_compiler_works() {
+  printf '#include <vector>\nint main() { std::vector<int> v{1}; return v[0] - 1; }\n' >"$scratch/check.cc"
+  c++ "$scratch/check.cc" -o "$scratch/check-cc" >"$scratch/why" 2>&1 \
+    && "$scratch/check-cc" 2>>"$scratch/why"
+}
+
+make_works() { command -v make >/dev/null 2>&1 || { echo "make: not found" >"$scratch/why"; return 1; }; }
+
+# prost-build (the etcd client's build script) runs $PROTOC or `protoc` with
+# include paths of its own only; protoc finds the well-known types next to
+# itself (../include), which Debian's libprotobuf-dev provides.
+protoc_works() {
+  mkdir -p "$scratch/proto"
+  cat >"$scratch/proto/check.proto" <<'EOF'
+syntax = "proto3";
+package wasmrelay.setup;
+import "google/protobuf/descriptor.proto";
+message Check { google.protobuf.FileDescriptorProto file = 1; }
+EOF
+  local protoc="${PROTOC:-protoc}"
+  echo "$protoc -I DIR DIR/check.proto (a file importing google/protobuf/descriptor.proto):" >"$scratch/why"
+  "$protoc" -I "$scratch/proto" --descriptor_set_out="$scratch/proto/check.pb" \
+    "$scratch/proto/check.proto" >>"$scratch/why" 2>&1
+}
+
+etcd_works() { etcd --version >"$scratch/why" 2>&1; }
+
+python3_works() { python3 -c 'import http.server, json, argparse' >"$scratch/why" 2>&1; }
+
+# The tests run the kill program (not the shell's builtin).
+kill_works() { type -P kill >/dev/null 2>&1 || { echo "kill: not found" >"$scratch/why"; return 1; }; }
+
+# Each requirement: "check-function|what it is for|Debian packages".
+requirements=(
+  "c_compiler_works|a C compiler and linker (cc): Rust links through it|gcc libc6-dev"
+  "cxx_compiler_works|a C++ compiler (c++): the rdkafka crate builds librdkafka, whose configure script fails without one|g++"
+  "make_works|make: the rdkafka crate builds librdkafka with make|make"
+  "protoc_works|protoc with the protobuf well-known types (google/protobuf/descriptor.proto, which etcd's protobuf files import): protobuf-compiler alone, installed without recommends, lacks them; libprotobuf-dev provides them|protobuf-compiler libprotobuf-dev"
+)
+if ! $demo_only; then
+  requirements+=(
+    "etcd_works|etcd: the config-center tests start one|etcd-server"
+    "python3_works|python3 with its standard library: a test runs the sidecar example app|python3"
+    "kill_works|the kill program: tests send signals to the relay with it|procps"
+  )
+fi
+
+# --- Debian packages, installed only when missing (apt-get update once).
 apt_install() {
-  local missing=()
+  local missing=() package
   for package in "$@"; do
     dpkg-query -W -f='${Status}' "$package" 2>/dev/null | grep -q 'install ok installed' \
       || missing+=("$package")
   done
   ((${#missing[@]} == 0)) && return 0
+  if ! command -v apt-get >/dev/null 2>&1; then
+    fail "apt-get not found: install the equivalent of the Debian packages ${missing[*]} and run again"
+  fi
   local sudo=()
   if [[ $(id -u) -ne 0 ]]; then
     if ! command -v sudo >/dev/null 2>&1; then
-      echo "error: installing ${missing[*]} needs root; run: apt-get install ${missing[*]}" >&2
-      exit 1
+      fail "installing ${missing[*]} needs root; run: apt-get update && apt-get install --no-install-recommends ${missing[*]}"
     fi
     sudo=(sudo)
   fi
   say "installing Debian packages: ${missing[*]}"
-  if ! $apt_updated; then
-    "${sudo[@]}" apt-get update -qq
-    apt_updated=true
-  fi
+  "${sudo[@]}" apt-get update -qq
   DEBIAN_FRONTEND=noninteractive "${sudo[@]}" apt-get install -y -qq --no-install-recommends "${missing[@]}"
 }
 
-if ! command -v protoc >/dev/null 2>&1; then
-  apt_install protobuf-compiler
+failing=()
+packages=()
+for requirement in "${requirements[@]}"; do
+  IFS='|' read -r check _ debs <<<"$requirement"
+  if ! "$check"; then
+    failing+=("$requirement")
+    read -ra more <<<"$debs"
+    packages+=("${more[@]}")
+  fi
+done
+if ((${#packages[@]} > 0)); then
+  apt_install "${packages[@]}"
 fi
+broken=0
+for requirement in "${failing[@]}"; do
+  IFS='|' read -r check what debs <<<"$requirement"
+  if ! "$check"; then
+    printf 'error: setup check failed: %s.\n  It needs the Debian packages: %s\n' "$what" "$debs" >&2
+    read -ra more <<<"$debs"
+    for package in "${more[@]}"; do
+      dpkg-query -W -f='${Status}' "$package" 2>/dev/null | grep -q 'install ok installed' \
+        || printf '  not installed: %s\n' "$package" >&2
+    done
+    printf '  What failed:\n' >&2
+    sed 's/^/    /' "$scratch/why" >&2
+    broken=1
+  fi
+done
+((broken == 0)) || exit 1
 
 if $demo_only; then
   exit 0
-fi
-
-if ! command -v etcd >/dev/null 2>&1; then
-  apt_install etcd-server
 fi
 
 if ! cargo nextest --version >/dev/null 2>&1; then
@@ -66,7 +160,7 @@ if ! cargo nextest --version >/dev/null 2>&1; then
 fi
 
 # tansu: the Kafka-compatible broker the integration tests start (in memory,
-# one per test). A long build (10-30 minutes) the first time only.
+# one per test). A long build (15-30 minutes) the first time only.
 if ! tansu --version 2>/dev/null | grep -qx 'tansu 0\.6\.0' \
   && ! "${CARGO_HOME:-$HOME/.cargo}/bin/tansu" --version 2>/dev/null | grep -qx 'tansu 0\.6\.0'; then
   say "installing tansu 0.6.0 (the Kafka broker of the integration tests; a long build)"
