@@ -21,6 +21,13 @@ say "cargo clippy -D warnings (host and plugins)"
 cargo clippy --workspace --all-targets --locked -- -D warnings
 (cd plugins && cargo clippy --workspace --target wasm32-wasip2 --locked -- -D warnings)
 
+# The end-to-end tests (tests/) build these themselves when they are out of
+# date, but then within a test's time limit: build them first, with the same
+# commands (tests/support/lib.rs), so that the tests find them current.
+say "building the binaries the end-to-end tests run"
+cargo build --locked -p wasmrelay --bin wasmrelay
+cargo build --locked -p wasmrelay-client --example relay-client
+
 say "running the tests"
 cargo nextest run --workspace --locked --no-fail-fast "$@"
 

@@ -2,10 +2,6 @@
 //! processes), a real tansu broker, business processes on the SDK over real
 //! TCP.
 
-#![allow(clippy::unwrap_used)]
-
-mod support;
-
 use std::collections::{BTreeMap, HashMap};
 use std::time::Duration;
 
@@ -14,6 +10,8 @@ use serde_json::Value;
 use support::processes::{NodePorts, ProcessPool, node_config};
 use support::relay::{RelayProcess, http_get};
 use support::tansu::{Tansu, TestRecord};
+
+use wasmrelay_test_support as support;
 
 const BUSINESS: &str = "business";
 
@@ -121,7 +119,14 @@ async fn one_node_delivers_each_message_to_its_process_once_and_takes_replies() 
         pool.count() >= 2000
     })
     .await;
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    // A duplicate would come after the last first delivery: wait for quiet.
+    node.wait_quiet(
+        "no more deliveries",
+        Duration::from_millis(500),
+        Duration::from_secs(30),
+        || pool.count(),
+    )
+    .await;
     let received = pool.received();
     messages.assert_each_delivered_once(&received);
     assert!(received.iter().all(|r| r.node_id == "node-a"));
@@ -335,7 +340,15 @@ async fn three_nodes_route_every_message_to_its_process_exactly_once() {
             pool.count() >= total
         })
         .await;
-    tokio::time::sleep(Duration::from_secs(1)).await;
+    cluster
+        .node(0)
+        .wait_quiet(
+            "no more deliveries",
+            Duration::from_secs(1),
+            Duration::from_secs(60),
+            || pool.count(),
+        )
+        .await;
     messages.assert_each_delivered_once(&pool.received());
     let replies = kafka
         .consume_all("business.replies", total, Duration::from_secs(120))
@@ -559,31 +572,9 @@ async fn a_process_registered_twice_on_two_nodes_replaces_the_older_connection()
     assert_eq!(older.count(), 0);
 }
 
-/// The example client (`client/examples/relay-client.rs`), built on demand.
-fn relay_client_binary() -> std::path::PathBuf {
-    let root = support::repo_root();
-    let target = std::env::var_os("CARGO_TARGET_DIR")
-        .map(std::path::PathBuf::from)
-        .unwrap_or_else(|| root.join("target"));
-    let status = std::process::Command::new(env!("CARGO"))
-        .args([
-            "build",
-            "--quiet",
-            "-p",
-            "wasmrelay-client",
-            "--example",
-            "relay-client",
-        ])
-        .current_dir(&root)
-        .status()
-        .expect("running cargo build for the relay-client example");
-    assert!(status.success(), "building the relay-client example failed");
-    target.join("debug/examples/relay-client")
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_example_client_prints_deliveries_as_json_lines_and_replies() {
-    let binary = relay_client_binary();
+    let binary = support::relay_client_example();
     let kafka = Tansu::start();
     kafka.create_topic(BUSINESS, 1).await;
     let ports = NodePorts::free();
@@ -592,7 +583,7 @@ async fn the_example_client_prints_deliveries_as_json_lines_and_replies() {
         ports.admin,
         &[],
     );
-    let child = tokio::process::Command::new(&binary)
+    let child = tokio::process::Command::new(binary)
         .args([
             "--connect",
             &ports.client_addr(),

@@ -1,10 +1,6 @@
 //! Sidecar flows end to end: the real `wasmrelay` binary, a real Kafka
 //! broker (tansu), a real HTTP application, the real example plugins.
 
-#![allow(clippy::unwrap_used)]
-
-mod support;
-
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::time::{Duration, Instant};
 
@@ -12,6 +8,8 @@ use serde_json::{Value, json};
 use support::app::{Receipt, TestApp};
 use support::relay::{RelayProcess, free_port};
 use support::tansu::{ConsumedRecord, Tansu, TestRecord};
+
+use wasmrelay_test_support as support;
 
 const INPUT: &str = "service-calls";
 const OUTPUT: &str = "data-returns";

@@ -1,14 +1,12 @@
 //! `wasmrelay plugin test` as a plugin author runs it: the built binary, the
 //! built example plugins, JSON lines in and out.
 
-#![allow(clippy::unwrap_used)]
-
-mod support;
-
 use std::io::Write;
 use std::process::{Command, Stdio};
 
 use serde_json::{Value, json};
+
+use wasmrelay_test_support as support;
 
 struct Run {
     code: i32,
@@ -22,7 +20,7 @@ fn plugin_test(plugin: &str, args: &[&str], input: &str) -> Run {
     } else {
         support::plugin(plugin)
     };
-    let mut child = Command::new(env!("CARGO_BIN_EXE_wasmrelay"))
+    let mut child = Command::new(support::wasmrelay_binary())
         .arg("plugin")
         .arg("test")
         .arg(&path)
@@ -251,7 +249,7 @@ fn bad_input_exits_2_naming_the_line() {
     // What came before the bad line was still processed and printed.
     assert_eq!(run.lines.len(), 1);
 
-    let bad_world = Command::new(env!("CARGO_BIN_EXE_wasmrelay"))
+    let bad_world = Command::new(support::wasmrelay_binary())
         .args(["plugin", "test", "x.wasm", "--world", "sorter"])
         .output()
         .unwrap();

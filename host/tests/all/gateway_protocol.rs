@@ -3,8 +3,6 @@
 //! kind of bad input a client can send, while another client goes on being
 //! served.
 
-#![allow(clippy::unwrap_used)]
-
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;

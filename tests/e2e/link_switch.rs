@@ -2,10 +2,6 @@
 //! directory) and `etcd`: two real brokers, a real etcd, the real binary, a
 //! real application.
 
-#![allow(clippy::unwrap_used)]
-
-mod support;
-
 use std::collections::HashSet;
 use std::os::unix::fs::symlink;
 use std::path::Path;
@@ -16,6 +12,8 @@ use support::app::TestApp;
 use support::etcd::Etcd;
 use support::relay::{RelayProcess, free_port, http_get};
 use support::tansu::{Tansu, TestRecord};
+
+use wasmrelay_test_support as support;
 
 const INPUT: &str = "service-calls";
 

@@ -5,16 +5,14 @@
 //! same group resumes where the first stopped, with nothing delivered twice,
 //! also when the first stopped in the middle of the topic.
 
-#![allow(clippy::unwrap_used)]
-
-mod support;
-
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use rdkafka::consumer::{CommitMode, Consumer, StreamConsumer};
 use rdkafka::message::Timestamp;
 use support::tansu::{ConsumedRecord, Tansu, TestRecord, unique_group};
+
+use crate::support;
 
 const TOPIC: &str = "smoke";
 const PARTITIONS: i32 = 3;

@@ -63,6 +63,8 @@ impl TestApp {
             .with_state(state.clone());
         let stop = CancellationToken::new();
         let stopped = stop.clone();
+        // Lives until the test's runtime ends; dropping the app stops it.
+        #[allow(clippy::disallowed_methods)]
         tokio::spawn(async move {
             axum::serve(listener, router)
                 .with_graceful_shutdown(async move { stopped.cancelled().await })
@@ -96,6 +98,15 @@ impl TestApp {
     /// How many requests were received.
     pub fn count(&self) -> usize {
         self.state.receipts.lock().unwrap().len()
+    }
+}
+
+impl std::fmt::Debug for TestApp {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TestApp")
+            .field("url", &self.url)
+            .field("requests", &self.count())
+            .finish_non_exhaustive()
     }
 }
 

@@ -3,7 +3,7 @@
 //! asks for.
 
 use std::io::Write as _;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
@@ -17,6 +17,7 @@ pub fn free_port() -> u16 {
 }
 
 /// A running relay process.
+#[derive(Debug)]
 pub struct RelayProcess {
     child: Option<Child>,
     /// `http://127.0.0.1:PORT` of its admin API.
@@ -35,7 +36,7 @@ impl RelayProcess {
         std::fs::write(&config_path, config).unwrap();
         let log_path = dir.path().join("relay.log");
         let log = std::fs::File::create(&log_path).unwrap();
-        let child = Command::new(env!("CARGO_BIN_EXE_wasmrelay"))
+        let child = Command::new(crate::wasmrelay_binary())
             .arg("run")
             .arg("--config")
             .arg(&config_path)
@@ -167,6 +168,39 @@ impl RelayProcess {
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
     }
+
+    /// Waits until `count()` has not changed for `quiet`, checking every
+    /// 20 ms: for a check that nothing more arrives (no duplicate), in place
+    /// of a fixed sleep. A late delivery restarts the quiet period, so the
+    /// check that follows sees it; the wait ends as soon as the count has
+    /// been still for `quiet`. After `timeout` with the count still
+    /// changing, the test fails with `what` and the relay's log.
+    pub async fn wait_quiet(
+        &self,
+        what: &str,
+        quiet: Duration,
+        timeout: Duration,
+        mut count: impl FnMut() -> usize,
+    ) {
+        let started = Instant::now();
+        let mut last = count();
+        let mut still_since = Instant::now();
+        loop {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            let now = count();
+            if now != last {
+                last = now;
+                still_since = Instant::now();
+            } else if still_since.elapsed() >= quiet {
+                return;
+            }
+            assert!(
+                started.elapsed() < timeout,
+                "{what}: the count was still changing after {timeout:?} (now {now}); relay log:\n{}",
+                self.log()
+            );
+        }
+    }
 }
 
 /// A blocking GET: (status, body), or None if nothing answered.
@@ -191,9 +225,4 @@ pub fn http_get(url: &str) -> Option<(u16, String)> {
         .map(|(_, b)| b.to_string())
         .unwrap_or_default();
     Some((status, body))
-}
-
-/// The plugins directory of the built example plugins.
-pub fn plugins_dir() -> &'static Path {
-    super::plugins_dist()
 }

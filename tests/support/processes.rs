@@ -26,7 +26,7 @@ pub struct Received {
 }
 
 /// Many processes, their clients and what they received.
-#[derive(Default)]
+#[derive(Debug, Default)]
 pub struct ProcessPool {
     received: Arc<Mutex<Vec<Received>>>,
     events: Arc<Mutex<Vec<(String, String)>>>,
@@ -48,6 +48,8 @@ impl ProcessPool {
         let log = self.events.clone();
         let sender = client.clone();
         let id = process_id.to_string();
+        // The pool keeps the handle and aborts the task when it is dropped.
+        #[allow(clippy::disallowed_methods)]
         self.tasks.push(tokio::spawn(async move {
             while let Some(event) = events.next().await {
                 match event {
@@ -114,6 +116,7 @@ impl Drop for ProcessPool {
 
 /// The config of a cluster node on `kafka` (with every port given), its
 /// cluster flow consuming `business` with the built-in router.
+#[derive(Debug)]
 pub struct NodePorts {
     /// Admin API port.
     pub admin: u16,
@@ -127,9 +130,9 @@ impl NodePorts {
     /// Three free ports.
     pub fn free() -> NodePorts {
         NodePorts {
-            admin: super::relay::free_port(),
-            client: super::relay::free_port(),
-            mesh: super::relay::free_port(),
+            admin: crate::relay::free_port(),
+            client: crate::relay::free_port(),
+            mesh: crate::relay::free_port(),
         }
     }
 
@@ -146,7 +149,7 @@ pub fn node_config(
     ports: &NodePorts,
     extra_cluster: &str,
 ) -> String {
-    let plugins = super::plugins_dist().display();
+    let plugins = crate::plugins_dist().display();
     format!(
         r#"
 [node]

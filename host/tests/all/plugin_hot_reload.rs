@@ -3,10 +3,6 @@
 //! failed call, every result from exactly one version, the new version seen
 //! within a second; broken versions leave the old one serving.
 
-#![allow(clippy::unwrap_used)]
-
-mod support;
-
 use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -19,6 +15,8 @@ use wasmrelay::plugin::{
     Message, Outcome, PluginLimits, PluginRegistry, PluginRuntime, WatchOptions,
     spawn_plugin_watcher,
 };
+
+use crate::support;
 
 const VERSIONS: u32 = 12;
 const CALLERS: usize = 4;

@@ -3,10 +3,6 @@
 //! panicking one becomes an error, a plugin cannot reach outside the relay,
 //! and other plugins keep being served meanwhile.
 
-#![allow(clippy::unwrap_used)]
-
-mod support;
-
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
@@ -14,6 +10,8 @@ use std::time::{Duration, Instant};
 use wasmrelay::plugin::{
     Message, Outcome, PluginConfig, PluginError, PluginLimits, PluginRuntime, PluginVersion, World,
 };
+
+use crate::support;
 
 const DEADLINE: Duration = Duration::from_millis(100);
 /// Scheduling slack allowed past the deadline on a loaded 2-core machine.

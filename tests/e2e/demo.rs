@@ -1,15 +1,13 @@
 //! `wasmrelay demo` as a new user runs it: messages flow through the
 //! embedded development broker, the demo app and both example plugins.
 
-#![allow(clippy::unwrap_used)]
-
-mod support;
-
 use std::process::Command;
+
+use wasmrelay_test_support as support;
 
 #[test]
 fn demo_shows_messages_flowing_through_both_plugins() {
-    let output = Command::new(env!("CARGO_BIN_EXE_wasmrelay"))
+    let output = Command::new(support::wasmrelay_binary())
         .args(["demo", "--messages", "200", "--rate", "500", "--plugins"])
         .arg(support::plugins_dist())
         .env("RUST_LOG", "warn")
@@ -40,7 +38,7 @@ fn demo_shows_messages_flowing_through_both_plugins() {
 #[test]
 fn demo_without_plugins_says_how_to_build_them() {
     let empty = tempfile::tempdir().unwrap();
-    let output = Command::new(env!("CARGO_BIN_EXE_wasmrelay"))
+    let output = Command::new(support::wasmrelay_binary())
         .args(["demo", "--messages", "1", "--plugins"])
         .arg(empty.path())
         .output()

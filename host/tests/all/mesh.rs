@@ -4,8 +4,6 @@
 //! sends: forwarding and its outcomes, order, authentication, broken and
 //! silent peers, and bad input while the other links go on working.
 
-#![allow(clippy::unwrap_used)]
-
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::sync::Arc;

@@ -19,7 +19,7 @@ use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use super::relay::free_port;
+use crate::relay::free_port;
 
 const INSTALL_HINT: &str = "install it with `sudo apt-get install etcd-server` (or run scripts/setup.sh), \
      or set ETCD_BIN to an etcd 3.4+ binary";

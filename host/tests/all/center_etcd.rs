@@ -1,10 +1,6 @@
 //! The `etcd` config-center backend against a real etcd: what it publishes
 //! on reads, puts and deletes, while etcd is down, and when it comes back.
 
-#![allow(clippy::unwrap_used)]
-
-mod support;
-
 use std::collections::BTreeMap;
 use std::time::Duration;
 
@@ -13,6 +9,8 @@ use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 use wasmrelay::center::etcd::{EtcdCenterOptions, start};
 use wasmrelay::center::{CenterState, Reachability};
+
+use crate::support;
 
 const PREFIX: &str = "/wasmrelay/";
 

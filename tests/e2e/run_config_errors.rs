@@ -1,11 +1,9 @@
 //! `wasmrelay run` with a bad config: it exits non-zero before starting
 //! anything, with a message that names the offending key.
 
-#![allow(clippy::unwrap_used)]
-
-mod support;
-
 use std::process::Command;
+
+use wasmrelay_test_support as support;
 
 fn base() -> String {
     let plugins = support::plugins_dist().display();
@@ -34,7 +32,7 @@ fn run(config: &str, env: &[(&str, &str)]) -> (i32, String) {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("relay.toml");
     std::fs::write(&path, config).unwrap();
-    let output = Command::new(env!("CARGO_BIN_EXE_wasmrelay"))
+    let output = Command::new(support::wasmrelay_binary())
         .args(["run", "--config"])
         .arg(&path)
         .env_remove("APP_URL")

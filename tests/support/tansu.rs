@@ -104,7 +104,7 @@
 use std::collections::BTreeMap;
 use std::fs::File;
 use std::io::Read as _;
-use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::net::{SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::OnceLock;
@@ -119,6 +119,8 @@ use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::message::{Header, Headers, Message, OwnedHeaders, Timestamp};
 use rdkafka::producer::{FutureProducer, FutureRecord};
 use rdkafka::{Offset, TopicPartitionList};
+
+use crate::relay::free_port;
 
 /// The tansu version the tests are written against.
 pub const TANSU_VERSION: &str = "0.6.0";
@@ -791,15 +793,6 @@ pub fn unique_group(prefix: &str) -> String {
         std::process::id(),
         NEXT.fetch_add(1, Ordering::Relaxed)
     )
-}
-
-/// A port nobody listens on right now (the OS picks it; tansu binds it a
-/// moment later, and `Tansu::start` retries if someone else got there first).
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|listener| listener.local_addr())
-        .expect("finding a free port on 127.0.0.1")
-        .port()
 }
 
 /// The tansu binary: `TANSU_BIN`, else `tansu` in `PATH`, else in cargo's

@@ -1,0 +1,14 @@
+//! The end-to-end scenarios, one test binary for all (wasmtime's
+//! `tests/all` layout): the real `wasmrelay` binary, built by the shared
+//! support ([`wasmrelay_test_support::wasmrelay_binary`]), run against real
+//! brokers (tansu), a real etcd, a real HTTP application, business processes
+//! on the client SDK and the example plugins. One module per scenario area.
+
+#![allow(clippy::unwrap_used)]
+
+mod cluster;
+mod demo;
+mod link_switch;
+mod plugin_test_cli;
+mod run_config_errors;
+mod sidecar_flow;

@@ -1,0 +1,165 @@
+//! What the tests of every crate share (`wasmrelay_test_support`): the
+//! end-to-end scenarios in `tests/e2e` and the host's own integration tests
+//! (`host/tests/all`, which reach this crate through `host/tests/support`)
+//! and benches. It owns starting the outside world a test needs (a tansu
+//! broker, an etcd server, a test application, business processes on the
+//! SDK, the real `wasmrelay` binary) and building what a test runs (the
+//! example plugins, that binary) once per test process. It holds no test:
+//! the scenarios stay in the crate whose code they exercise.
+
+#![allow(clippy::unwrap_used)]
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::OnceLock;
+
+pub mod app;
+pub mod etcd;
+pub mod processes;
+pub mod relay;
+pub mod tansu;
+
+/// The repository root.
+pub fn repo_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .unwrap()
+        .to_path_buf()
+}
+
+/// Builds the plugins workspace (`plugins/build.sh`, a no-op when up to
+/// date) and returns `plugins/dist`. Panics with the build's output if it
+/// fails: a test that needs plugins must not pass without them.
+pub fn plugins_dist() -> &'static Path {
+    static DIST: OnceLock<PathBuf> = OnceLock::new();
+    DIST.get_or_init(|| {
+        let root = repo_root();
+        let output = Command::new("bash")
+            .arg(root.join("plugins/build.sh"))
+            .current_dir(root.join("plugins"))
+            .output()
+            .expect("running plugins/build.sh (is bash installed?)");
+        assert!(
+            output.status.success(),
+            "plugins/build.sh failed (it needs the wasm32-wasip2 target: `rustup target add wasm32-wasip2`):\n{}\n{}",
+            String::from_utf8_lossy(&output.stdout),
+            String::from_utf8_lossy(&output.stderr)
+        );
+        root.join("plugins/dist")
+    })
+}
+
+/// The `wasmrelay` binary of this checkout, built first if it is missing or
+/// out of date (`cargo build --locked -p wasmrelay --bin wasmrelay`, once per
+/// test process; a quick no-op when it is current). Panics with cargo's
+/// output if the build fails: a test must not run a stale binary.
+pub fn wasmrelay_binary() -> &'static Path {
+    static BINARY: OnceLock<PathBuf> = OnceLock::new();
+    BINARY.get_or_init(|| cargo_build(&["-p", "wasmrelay", "--bin", "wasmrelay"], "wasmrelay"))
+}
+
+/// The example client (`client/examples/relay-client.rs`), built like
+/// [`wasmrelay_binary`].
+pub fn relay_client_example() -> &'static Path {
+    static BINARY: OnceLock<PathBuf> = OnceLock::new();
+    BINARY.get_or_init(|| {
+        cargo_build(
+            &["-p", "wasmrelay-client", "--example", "relay-client"],
+            "examples/relay-client",
+        )
+    })
+}
+
+/// Runs `cargo build --locked` on the `targets` and returns the executable
+/// at `output` under the profile directory; panics with cargo's output if
+/// the build fails.
+///
+/// Only a package's own tests get `CARGO_BIN_EXE_*`, so what is built is
+/// found from where cargo put the running test:
+/// `<target dir>/<profile dir>/deps/<test>-<hash>`. The build goes to that
+/// target dir with the profile of that profile dir (`debug` is the dev
+/// profile, `release` the release one, any other is a custom profile's
+/// name), so the test runs what the same build of the same checkout made.
+fn cargo_build(targets: &[&str], output: &str) -> PathBuf {
+    let test = std::env::current_exe().expect("the path of the running test");
+    let profile_dir = test
+        .parent()
+        .filter(|dir| dir.ends_with("deps"))
+        .and_then(Path::parent)
+        .unwrap_or_else(|| {
+            panic!(
+                "{} is not in a cargo profile's deps directory: cannot tell where to build {output}",
+                test.display()
+            )
+        });
+    let target_dir = profile_dir.parent().unwrap();
+    // Cargo runs tests with CARGO set to itself; by hand, take the one in PATH.
+    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+    let mut build = Command::new(&cargo);
+    build
+        .args(["build", "--locked"])
+        .args(targets)
+        .arg("--target-dir")
+        .arg(target_dir)
+        .current_dir(repo_root());
+    match profile_dir.file_name().and_then(|name| name.to_str()) {
+        Some("debug") => {}
+        Some("release") => {
+            build.arg("--release");
+        }
+        Some(custom) => {
+            build.args(["--profile", custom]);
+        }
+        None => panic!("{} has no profile name", profile_dir.display()),
+    }
+    let result = build
+        .output()
+        .unwrap_or_else(|e| panic!("running {build:?}: {e}"));
+    assert!(
+        result.status.success(),
+        "building {output} failed: {build:?}\n{}\n{}",
+        String::from_utf8_lossy(&result.stdout),
+        String::from_utf8_lossy(&result.stderr)
+    );
+    let executable = profile_dir.join(format!("{output}{}", std::env::consts::EXE_SUFFIX));
+    assert!(
+        executable.is_file(),
+        "{build:?} succeeded but did not leave {}",
+        executable.display()
+    );
+    executable
+}
+
+/// The path of a built example plugin, e.g. `plugin("passthrough")`.
+pub fn plugin(name: &str) -> PathBuf {
+    let path = plugins_dist().join(format!("{name}.wasm"));
+    assert!(path.is_file(), "{} was not built", path.display());
+    path
+}
+
+/// The bytes of a built example plugin.
+pub fn plugin_bytes(name: &str) -> Vec<u8> {
+    std::fs::read(plugin(name)).unwrap()
+}
+
+/// Writes `bytes` to `dir/name` the way deploy tools do: into a temporary
+/// file in the same directory, then an atomic rename over the target.
+pub fn write_then_rename(dir: &Path, name: &str, bytes: &[u8]) {
+    let tmp = dir.join(format!(".{name}.tmp"));
+    std::fs::write(&tmp, bytes).unwrap();
+    std::fs::rename(&tmp, dir.join(name)).unwrap();
+}
+
+/// The `version-tag` plugin with its 16-byte marker replaced by
+/// `wasmrelay-v-NNNN`: a distinct version that says which one it is.
+pub fn version_tag_bytes(version: u32) -> Vec<u8> {
+    const MARKER: &[u8] = b"wasmrelay-v-0000";
+    let mut bytes = plugin_bytes("version-tag");
+    let at = bytes
+        .windows(MARKER.len())
+        .position(|w| w == MARKER)
+        .expect("version-tag.wasm carries its marker");
+    let tag = format!("wasmrelay-v-{version:04}");
+    bytes[at..at + MARKER.len()].copy_from_slice(tag.as_bytes());
+    bytes
+}
