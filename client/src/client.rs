@@ -37,6 +37,8 @@ struct Shared {
     state: watch::Receiver<State>,
     close: CancellationToken,
     handles_gone: CancellationToken,
+    /// The background task; [`Client::close`] waits for it.
+    supervisor: std::sync::Mutex<Option<tokio::task::JoinHandle<()>>>,
 }
 
 impl Drop for Shared {
@@ -96,12 +98,15 @@ impl Client {
             handles_gone.clone(),
         );
         let first = supervisor.register_first().instrument(span.clone()).await?;
-        tokio::spawn(supervisor.run(first).instrument(span));
+        // Awaited by `close`; without it, it ends once every handle is gone.
+        #[allow(clippy::disallowed_methods)]
+        let supervisor = tokio::spawn(supervisor.run(first).instrument(span));
         let shared = Shared {
             config,
             state,
             close,
             handles_gone,
+            supervisor: std::sync::Mutex::new(Some(supervisor)),
         };
         Ok((
             Client {
@@ -198,5 +203,14 @@ impl Client {
         let _ = state
             .wait_for(|state| matches!(state, State::Stopped(_)))
             .await;
+        let supervisor = self
+            .shared
+            .supervisor
+            .lock()
+            .ok()
+            .and_then(|mut task| task.take());
+        if let Some(supervisor) = supervisor {
+            let _ = supervisor.await;
+        }
     }
 }

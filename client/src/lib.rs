@@ -34,7 +34,6 @@
 //! ends comes again (same [`Delivery::delivery_id`]) on the next one. The
 //! wire protocol is described in `protocol/proto/wasmrelay.proto`.
 
-mod backoff;
 mod client;
 mod config;
 mod connection;

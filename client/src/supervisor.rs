@@ -13,15 +13,16 @@ use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
 use tokio::time::{Instant, MissedTickBehavior};
 use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
 use wasmrelay_protocol::v1::{self, ErrorCode};
 use wasmrelay_protocol::{Frame, Kind};
 
-use crate::backoff::Backoff;
 use crate::config::ClientConfig;
 use crate::connection::{Connection, error_kind, write_frames};
 use crate::delivery::Delivery;
 use crate::dial::{self, Candidate, DialError, Registered, Transport};
 use crate::events::Event;
+use wasmrelay_protocol::Backoff;
 
 /// How long a closing connection may take to write what is queued.
 const CLOSE_GRACE: Duration = Duration::from_secs(1);
@@ -51,6 +52,9 @@ pub(crate) struct Supervisor {
     next_origin: usize,
     /// Addresses to try first in the next round (from `Rebalance`).
     preferred: Vec<String>,
+    /// Writers of ended connections, flushing what was queued for at most
+    /// `CLOSE_GRACE` while the next connection comes up.
+    closing: TaskTracker,
 }
 
 /// How a connection ended.
@@ -82,6 +86,7 @@ impl Supervisor {
             handles_gone,
             next_origin: 0,
             preferred: Vec::new(),
+            closing: TaskTracker::new(),
         }
     }
 
@@ -92,7 +97,14 @@ impl Supervisor {
     }
 
     /// Runs until the client stops, starting with `first`.
-    pub(crate) async fn run(mut self, first: Registered) {
+    pub(crate) async fn run(self, first: Registered) {
+        let closing = self.closing.clone();
+        self.supervise(first).await;
+        closing.close();
+        closing.wait().await;
+    }
+
+    async fn supervise(mut self, first: Registered) {
         let mut backoff = Backoff::new(self.config.initial_backoff, self.config.max_backoff);
         let mut next = Some(first);
         let mut pause = false;
@@ -250,7 +262,7 @@ impl Supervisor {
         };
         let (sink, mut stream) = transport.split();
         let (connection, queue) = Connection::new(welcome.node_id.clone(), address, max_send_bytes);
-        let mut writer = Some(tokio::spawn(write_frames(
+        let mut writer = Some(self.closing.spawn(write_frames(
             sink,
             queue,
             connection.alive_token(),
@@ -274,7 +286,7 @@ impl Supervisor {
         connection.end();
         drop(stream);
         if let Some(mut writer) = writer {
-            let closing = tokio::spawn(async move {
+            let closing = self.closing.spawn(async move {
                 if tokio::time::timeout(CLOSE_GRACE, &mut writer)
                     .await
                     .is_err()

@@ -134,6 +134,8 @@ fn latency_reader(
             .unwrap();
     }
     consumer.assign(&partitions).unwrap();
+    // The handle is returned and awaited by `main`.
+    #[allow(clippy::disallowed_methods)]
     tokio::spawn(async move {
         let mut latencies = Vec::with_capacity(expected);
         let mut read = 0;

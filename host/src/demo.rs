@@ -7,7 +7,6 @@
 //! producer of sample orders. It prints a few messages before and after the
 //! plugins and a live summary.
 
-use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -22,11 +21,10 @@ use rdkafka::mocking::MockCluster;
 use rdkafka::producer::{FutureProducer, FutureRecord};
 use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
 
-use crate::config::{
-    AdminConfig, AppTarget, DeliverConfig, FlowConfig, LinkConfig, NodeConfig, PluginsConfig,
-    RelayConfig, RetryConfig,
-};
+use crate::config::ValidatedConfig;
+use crate::node::Node;
 use crate::telemetry::metrics::RelayMetrics;
 
 const INPUT: &str = "service-calls";
@@ -75,26 +73,29 @@ pub async fn run(options: DemoOptions, shutdown: CancellationToken) -> anyhow::R
         "development broker (librdkafka mock cluster, in this process, not a real Kafka) at {bootstrap}"
     ));
 
-    let app = DemoApp::start().await?;
+    // Every task of the demo (the app, the order producer, the reader of
+    // data-returns, the relay) runs here and is awaited before returning.
+    let tasks = TaskTracker::new();
+    let app_stop = CancellationToken::new();
+    let app = DemoApp::start(&tasks, app_stop.clone()).await?;
     say(&format!("demo application listening at {}", app.url));
 
     let metrics = Arc::new(RelayMetrics::new());
     let relay_stop = CancellationToken::new();
-    let relay = tokio::spawn(crate::node::run_with_metrics(
-        demo_config(&bootstrap, &app.url, demo_plugins.path()),
-        metrics.clone(),
-        relay_stop.clone(),
-    ));
+    let config = demo_config(&bootstrap, &app.url, demo_plugins.path())
+        .context("the demo's relay config")?;
+    let node = Node::build(config, metrics.clone()).await?;
+    let relay = tasks.spawn(node.run(relay_stop.clone()));
 
     let producer: FutureProducer = rdkafka::ClientConfig::new()
         .set("bootstrap.servers", &bootstrap)
         .create()
         .context("creating the demo producer")?;
     let viewer_stop = CancellationToken::new();
-    let returns = watch_data_returns(&bootstrap, viewer_stop.clone())?;
+    let returns = watch_data_returns(&bootstrap, &tasks, viewer_stop.clone())?;
     let produce_stop = CancellationToken::new();
     let produced = Arc::new(AtomicU64::new(0));
-    let producing = tokio::spawn(produce_orders(
+    let producing = tasks.spawn(produce_orders(
         producer,
         options.clone(),
         produced.clone(),
@@ -156,7 +157,9 @@ pub async fn run(options: DemoOptions, shutdown: CancellationToken) -> anyhow::R
     relay_stop.cancel();
     relay.await.context("the relay task")??;
     viewer_stop.cancel();
-    returns.closed().await;
+    app_stop.cancel();
+    tasks.close();
+    tasks.wait().await;
     say(&format!(
         "done: {} delivered to the app, {} data-returns, {} dead letters (orders with quantity 0 are rejected by the app)",
         flow.delivered.get(),
@@ -172,60 +175,58 @@ fn say(line: &str) {
     println!("{line}");
 }
 
-fn demo_config(bootstrap: &str, app_url: &str, plugins_dir: &std::path::Path) -> RelayConfig {
-    RelayConfig {
-        node: NodeConfig { id: "demo".into() },
-        admin: AdminConfig {
-            listen: std::net::SocketAddr::from(([127, 0, 0, 1], 0)),
-            token: None,
-        },
-        plugins: PluginsConfig {
-            dir: plugins_dir.to_path_buf(),
-            watch: true,
-            call_deadline: Duration::from_millis(100),
-            memory_cap_mib: 64,
-            config: BTreeMap::from([
-                (
-                    "json-enrich".to_string(),
-                    BTreeMap::from([
-                        ("field".to_string(), "handled_by".to_string()),
-                        ("value".to_string(), "wasmrelay-demo".to_string()),
-                    ]),
-                ),
-                (
-                    "mask-fields".to_string(),
-                    BTreeMap::from([("fields".to_string(), "card_number".to_string())]),
-                ),
-            ]),
-        },
-        center: None,
-        cluster: None,
-        links: BTreeMap::from([(
-            "main".to_string(),
-            LinkConfig {
-                bootstrap_servers: bootstrap.to_string(),
-                from_center: false,
-                options: BTreeMap::new(),
-            },
-        )]),
-        flows: vec![FlowConfig {
-            name: "orders".into(),
-            link: "main".into(),
-            input_topic: INPUT.into(),
-            group: None,
-            service_call: vec!["json-enrich".into()],
-            deliver: Some(DeliverConfig::App(AppTarget {
-                url: app_url.to_string(),
-                timeout: Duration::from_secs(5),
-                concurrency: 16,
-            })),
-            data_return: vec!["mask-fields".into()],
-            output_topic: OUTPUT.into(),
-            dead_letter_topic: DEAD_LETTERS.into(),
-            retry: RetryConfig::default(),
-        }],
-        shutdown_grace: Duration::from_secs(5),
-    }
+/// The relay's config, written as a config file would be and read through
+/// the same parser and validation as `wasmrelay run`.
+fn demo_config(
+    bootstrap: &str,
+    app_url: &str,
+    plugins_dir: &std::path::Path,
+) -> Result<ValidatedConfig, crate::config::ConfigError> {
+    // JSON string literals are valid TOML basic strings.
+    let quote = |text: &str| serde_json::Value::from(text).to_string();
+    let text = format!(
+        r#"shutdown_grace = "5s"
+
+[node]
+id = "demo"
+
+[admin]
+listen = "127.0.0.1:0"
+
+[plugins]
+dir = {plugins_dir}
+call_deadline = "100ms"
+memory_cap_mib = 64
+
+[plugins.config.json-enrich]
+field = "handled_by"
+value = "wasmrelay-demo"
+
+[plugins.config.mask-fields]
+fields = "card_number"
+
+[links.main]
+bootstrap_servers = {bootstrap}
+
+[[flows]]
+name = "orders"
+link = "main"
+input_topic = "{INPUT}"
+service_call = ["json-enrich"]
+data_return = ["mask-fields"]
+output_topic = "{OUTPUT}"
+dead_letter_topic = "{DEAD_LETTERS}"
+
+[flows.deliver.app]
+url = {app_url}
+timeout = "5s"
+concurrency = 16
+"#,
+        plugins_dir = quote(&plugins_dir.display().to_string()),
+        bootstrap = quote(bootstrap),
+        app_url = quote(app_url),
+    );
+    crate::config::parse(&text, "the demo's relay config", &|_| None)
 }
 
 /// Produces sample orders at the configured rate; every 20th has quantity 0,
@@ -266,6 +267,7 @@ async fn produce_orders(
 /// Reads the data-returns topic and hands their values to the summary.
 fn watch_data_returns(
     bootstrap: &str,
+    tasks: &TaskTracker,
     stop: CancellationToken,
 ) -> anyhow::Result<Arc<ReturnsFeed>> {
     let consumer: StreamConsumer = rdkafka::ClientConfig::new()
@@ -285,7 +287,7 @@ fn watch_data_returns(
         .assign(&partitions)
         .context("assigning data-returns")?;
     let (tx, rx) = tokio::sync::mpsc::channel(64);
-    let task = tokio::spawn(async move {
+    tasks.spawn(async move {
         loop {
             let received = tokio::select! {
                 _ = stop.cancelled() => return,
@@ -305,24 +307,14 @@ fn watch_data_returns(
     });
     Ok(Arc::new(ReturnsFeed {
         rx: tokio::sync::Mutex::new(rx),
-        task: std::sync::Mutex::new(Some(task)),
     }))
 }
 
 struct ReturnsFeed {
     rx: tokio::sync::Mutex<tokio::sync::mpsc::Receiver<Option<String>>>,
-    task: std::sync::Mutex<Option<tokio::task::JoinHandle<()>>>,
 }
 
 impl ReturnsFeed {
-    /// Waits until the reader has stopped (and closed its consumer).
-    async fn closed(&self) {
-        let task = self.task.lock().ok().and_then(|mut t| t.take());
-        if let Some(task) = task {
-            let _ = task.await;
-        }
-    }
-
     async fn recv(&self) -> Result<Option<String>, ()> {
         self.rx.lock().await.recv().await.ok_or(())
     }
@@ -338,14 +330,17 @@ struct DemoApp {
 static SHOWN_CALLS: AtomicU64 = AtomicU64::new(0);
 
 impl DemoApp {
-    async fn start() -> anyhow::Result<DemoApp> {
+    async fn start(tasks: &TaskTracker, stop: CancellationToken) -> anyhow::Result<DemoApp> {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
             .await
             .context("binding the demo app")?;
         let addr = listener.local_addr()?;
         let router = axum::Router::new().route("/calls", axum::routing::post(answer));
-        tokio::spawn(async move {
-            if let Err(error) = axum::serve(listener, router).await {
+        tasks.spawn(async move {
+            let served = axum::serve(listener, router)
+                .with_graceful_shutdown(async move { stop.cancelled().await })
+                .await;
+            if let Err(error) = served {
                 tracing::error!(%error, "demo app stopped");
             }
         });

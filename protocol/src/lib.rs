@@ -4,8 +4,10 @@
 //! file, documented well enough to write a client in another language from
 //! it alone. This crate holds the Rust types generated from it ([`v1`]), the
 //! frame codec ([`FrameCodec`]: a big-endian `u32` length, then a protobuf
-//! [`v1::Frame`]) and the mesh authentication codes ([`mesh_auth`]).
+//! [`v1::Frame`]), the mesh authentication codes ([`mesh_auth`]), and the
+//! retry pacing both ends use ([`Backoff`]).
 
+pub mod backoff;
 pub mod codec;
 pub mod mesh_auth;
 
@@ -20,6 +22,7 @@ pub mod v1 {
     include!(concat!(env!("OUT_DIR"), "/wasmrelay.v1.rs"));
 }
 
+pub use backoff::Backoff;
 pub use codec::{CodecError, FrameCodec};
 pub use v1::Frame;
 pub use v1::frame::Kind;

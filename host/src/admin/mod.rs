@@ -21,6 +21,7 @@ use serde_json::json;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
+use crate::config::Secret;
 use crate::plugin::PluginRegistry;
 use crate::telemetry::metrics::RelayMetrics;
 
@@ -66,18 +67,56 @@ impl AdminState {
     }
 }
 
-/// The routes of the admin API.
-pub fn router(state: Arc<AdminState>) -> Router {
-    Router::new()
-        .route("/healthz", get(healthz))
-        .route("/readyz", get(readyz))
+/// The routes of the admin API. With a token, every endpoint but the
+/// probes (`/healthz`, `/readyz`) needs `Authorization: Bearer <token>`.
+pub fn router(state: Arc<AdminState>, token: Option<Secret>) -> Router {
+    let guarded = Router::new()
         .route("/metrics", get(metrics))
         .route("/plugins", get(plugins))
         .route("/links", get(links))
         .route("/cluster", get(cluster))
         .route("/processes", get(processes))
         .fallback(not_found)
+        .layer(axum::middleware::from_fn(move |request, next| {
+            require_token(token.clone(), request, next)
+        }));
+    Router::new()
+        .route("/healthz", get(healthz))
+        .route("/readyz", get(readyz))
+        .merge(guarded)
         .with_state(state)
+}
+
+/// Lets a request through when no token is configured or it carries the
+/// token as a bearer credential (compared in constant time); 401 otherwise.
+async fn require_token(
+    token: Option<Secret>,
+    request: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> Response {
+    let Some(token) = token else {
+        return next.run(request).await;
+    };
+    let presented = request
+        .headers()
+        .get(header::AUTHORIZATION)
+        .and_then(|value| value.to_str().ok())
+        .and_then(|value| value.strip_prefix("Bearer "))
+        .unwrap_or("");
+    if constant_time_eq(presented.as_bytes(), token.expose().as_bytes()) {
+        return next.run(request).await;
+    }
+    (
+        StatusCode::UNAUTHORIZED,
+        [(header::WWW_AUTHENTICATE, "Bearer")],
+        Json(json!({"error": "this endpoint needs `Authorization: Bearer <admin.token>`"})),
+    )
+        .into_response()
+}
+
+/// Equal bytes, in time that depends only on the lengths.
+fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
 /// Binds the admin listener (so that a port in use fails start-up with a clear error).
@@ -91,9 +130,10 @@ pub async fn bind(addr: SocketAddr) -> anyhow::Result<TcpListener> {
 pub async fn serve(
     listener: TcpListener,
     state: Arc<AdminState>,
+    token: Option<Secret>,
     shutdown: CancellationToken,
 ) -> anyhow::Result<()> {
-    axum::serve(listener, router(state))
+    axum::serve(listener, router(state, token))
         .with_graceful_shutdown(async move { shutdown.cancelled().await })
         .await
         .map_err(|e| anyhow::anyhow!("admin server: {e}"))
@@ -212,7 +252,7 @@ async fn not_found() -> Response {
     (
         StatusCode::NOT_FOUND,
         Json(
-            json!({"error": "no such endpoint; try /healthz, /readyz, /metrics, /plugins, /links"}),
+            json!({"error": "no such endpoint; try /healthz, /readyz, /metrics, /plugins, /links, /cluster, /processes?id="}),
         ),
     )
         .into_response()

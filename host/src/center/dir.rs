@@ -17,6 +17,7 @@ use anyhow::Context as _;
 use notify::{RecursiveMode, Watcher as _};
 use tokio::sync::{mpsc, watch};
 use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
 
 use super::{CenterState, ConfigCenter, Reachability};
 
@@ -52,9 +53,10 @@ pub fn read_dir_values(dir: &Path) -> std::io::Result<BTreeMap<String, String>> 
 }
 
 /// Reads `dir` once (failing if it cannot be read: a relay must not start
-/// without its center) and watches it until `shutdown`.
+/// without its center) and watches it on `tasks` until `shutdown`.
 pub async fn start(
     dir: impl Into<PathBuf>,
+    tasks: &TaskTracker,
     shutdown: CancellationToken,
 ) -> anyhow::Result<ConfigCenter> {
     let dir = dir.into();
@@ -76,8 +78,8 @@ pub async fn start(
         .watch(&dir, RecursiveMode::NonRecursive)
         .with_context(|| format!("watching config center directory {}", dir.display()))?;
     let description = format!("dir {}", dir.display());
-    let task = tokio::spawn(watch_loop(dir, watcher, events_rx, state_tx, shutdown));
-    Ok(ConfigCenter::new(state, task, description))
+    tasks.spawn(watch_loop(dir, watcher, events_rx, state_tx, shutdown));
+    Ok(ConfigCenter::new(state, description))
 }
 
 async fn watch_loop(
@@ -170,7 +172,8 @@ mod tests {
             &[("kafka.main", "{\"bootstrap.servers\":\"one:9092\"}")],
         );
         let shutdown = CancellationToken::new();
-        let center = start(dir.path(), shutdown.clone()).await.unwrap();
+        let tasks = TaskTracker::new();
+        let center = start(dir.path(), &tasks, shutdown.clone()).await.unwrap();
         let mut rx = center.subscribe();
         assert_eq!(
             rx.borrow().kafka_link("main"),
@@ -189,14 +192,17 @@ mod tests {
         );
         assert_eq!(state.reachability, Reachability::Reachable);
         shutdown.cancel();
-        center.join().await;
+        drop(center);
+        tasks.close();
+        tasks.wait().await;
     }
 
     #[tokio::test]
     async fn write_then_rename_and_delete_are_seen() {
         let dir = tempfile::tempdir().unwrap();
         let shutdown = CancellationToken::new();
-        let center = start(dir.path(), shutdown.clone()).await.unwrap();
+        let tasks = TaskTracker::new();
+        let center = start(dir.path(), &tasks, shutdown.clone()).await.unwrap();
         let mut rx = center.subscribe();
         assert!(rx.borrow().values.is_empty());
 
@@ -207,7 +213,9 @@ mod tests {
         std::fs::remove_file(dir.path().join("kafka.a")).unwrap();
         assert_eq!(next_state(&mut rx).await.kafka_link("a"), None);
         shutdown.cancel();
-        center.join().await;
+        drop(center);
+        tasks.close();
+        tasks.wait().await;
     }
 
     #[tokio::test]
@@ -215,7 +223,8 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         std::fs::write(dir.path().join("kafka.main"), "1").unwrap();
         let shutdown = CancellationToken::new();
-        let center = start(dir.path(), shutdown.clone()).await.unwrap();
+        let tasks = TaskTracker::new();
+        let center = start(dir.path(), &tasks, shutdown.clone()).await.unwrap();
         let mut rx = center.subscribe();
         for value in ["2", "1", "2", "3"] {
             let tmp = dir.path().join(".tmp");
@@ -231,7 +240,9 @@ mod tests {
             let _ = tokio::time::timeout(Duration::from_millis(200), rx.changed()).await;
         }
         shutdown.cancel();
-        center.join().await;
+        drop(center);
+        tasks.close();
+        tasks.wait().await;
     }
 
     #[test]

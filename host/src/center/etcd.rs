@@ -17,8 +17,11 @@ use anyhow::Context as _;
 use etcd_client::{Client, ConnectOptions, EventType, GetOptions, WatchOptions};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
 
 use super::{CenterState, ConfigCenter, Reachability};
+use crate::config::Secret;
+use wasmrelay_protocol::Backoff;
 
 /// The first wait before connecting again after a failure.
 pub const INITIAL_BACKOFF: Duration = Duration::from_millis(100);
@@ -39,7 +42,7 @@ pub struct EtcdCenterOptions {
     /// from their names (`/wasmrelay/kafka.main` → `kafka.main`).
     pub prefix: String,
     /// etcd user and password, when etcd has authentication enabled.
-    pub user: Option<(String, String)>,
+    pub user: Option<(String, Secret)>,
 }
 
 impl EtcdCenterOptions {
@@ -51,7 +54,11 @@ impl EtcdCenterOptions {
 /// Starts following etcd until `shutdown`. Never fails on etcd being down:
 /// the state starts unreachable and becomes reachable at the first good
 /// read (a link waiting for its key says why it is still waiting).
-pub fn start(options: EtcdCenterOptions, shutdown: CancellationToken) -> ConfigCenter {
+pub fn start(
+    options: EtcdCenterOptions,
+    tasks: &TaskTracker,
+    shutdown: CancellationToken,
+) -> ConfigCenter {
     let description = options.describe();
     let (state_tx, state) = watch::channel(CenterState {
         values: BTreeMap::new(),
@@ -61,8 +68,8 @@ pub fn start(options: EtcdCenterOptions, shutdown: CancellationToken) -> ConfigC
         },
         generation: 0,
     });
-    let task = tokio::spawn(follow(options, state_tx, shutdown));
-    ConfigCenter::new(state, task, description)
+    tasks.spawn(follow(options, state_tx, shutdown));
+    ConfigCenter::new(state, description)
 }
 
 /// A session that ended without an error: the watch start revision was
@@ -76,7 +83,7 @@ async fn follow(
     shutdown: CancellationToken,
 ) {
     let center = options.describe();
-    let mut backoff = INITIAL_BACKOFF;
+    let mut backoff = Backoff::new(INITIAL_BACKOFF, MAX_BACKOFF);
     loop {
         let end = tokio::select! {
             _ = shutdown.cancelled() => return,
@@ -89,15 +96,14 @@ async fn follow(
             }
             Err(error) => {
                 let error = format!("{error:#}");
-                tracing::debug!(%center, %error, retry_in = ?backoff, "etcd session ended");
+                tracing::debug!(%center, %error, "etcd session ended");
                 state.send_if_modified(|current| current.fold_read(Err(error), &center));
             }
         }
         tokio::select! {
             _ = shutdown.cancelled() => return,
-            _ = tokio::time::sleep(backoff) => {}
+            _ = tokio::time::sleep(backoff.next_pause()) => {}
         }
-        backoff = (backoff * 2).min(MAX_BACKOFF);
     }
 }
 
@@ -107,7 +113,7 @@ async fn session(
     options: &EtcdCenterOptions,
     state: &watch::Sender<CenterState>,
     center: &str,
-    backoff: &mut Duration,
+    backoff: &mut Backoff,
 ) -> anyhow::Result<Compacted> {
     let mut connect = ConnectOptions::new()
         .with_connect_timeout(REQUEST_TIMEOUT)
@@ -115,7 +121,7 @@ async fn session(
         .with_keep_alive(KEEPALIVE, KEEPALIVE)
         .with_keep_alive_while_idle(true);
     if let Some((user, password)) = &options.user {
-        connect = connect.with_user(user.clone(), password.clone());
+        connect = connect.with_user(user.clone(), password.expose().to_string());
     }
     let mut client = Client::connect(&options.endpoints, Some(connect))
         .await
@@ -138,7 +144,7 @@ async fn session(
         }
     }
     state.send_if_modified(|current| current.fold_read(Ok(values.clone()), center));
-    *backoff = INITIAL_BACKOFF;
+    backoff.reset();
 
     let watch_options = WatchOptions::new()
         .with_prefix()

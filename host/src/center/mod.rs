@@ -16,7 +16,6 @@ use std::collections::BTreeMap;
 use std::time::SystemTime;
 
 use tokio::sync::watch;
-use tokio::task::JoinHandle;
 
 /// The key prefix of Kafka connection info: `kafka.<link-id>`.
 pub const KAFKA_KEY_PREFIX: &str = "kafka.";
@@ -95,26 +94,18 @@ impl CenterState {
     }
 }
 
-/// A running config center of any backend: the task that reads and watches
-/// it, and the state it publishes.
+/// A running config center of any backend: the state it publishes. Its
+/// task (reading and watching the backend) runs on the task tracker it was
+/// started on, until the token it was given is cancelled.
 #[derive(Debug)]
 pub struct ConfigCenter {
     state: watch::Receiver<CenterState>,
-    task: JoinHandle<()>,
     description: String,
 }
 
 impl ConfigCenter {
-    pub(crate) fn new(
-        state: watch::Receiver<CenterState>,
-        task: JoinHandle<()>,
-        description: String,
-    ) -> ConfigCenter {
-        ConfigCenter {
-            state,
-            task,
-            description,
-        }
+    pub(crate) fn new(state: watch::Receiver<CenterState>, description: String) -> ConfigCenter {
+        ConfigCenter { state, description }
     }
 
     /// The latest state; `changed()` on it waits for the next one.
@@ -126,10 +117,5 @@ impl ConfigCenter {
     /// and error messages.
     pub fn description(&self) -> &str {
         &self.description
-    }
-
-    /// Waits for the backend's task to end (after shutdown).
-    pub async fn join(self) {
-        let _ = self.task.await;
     }
 }

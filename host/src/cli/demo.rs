@@ -20,12 +20,16 @@ pub(super) fn run(args: DemoArgs) -> ExitCode {
     runtime.block_on(async move {
         let shutdown = CancellationToken::new();
         let on_ctrl_c = shutdown.clone();
-        tokio::spawn(async move {
+        // Aborted when the demo returns.
+        #[allow(clippy::disallowed_methods)]
+        let ctrl_c = tokio::spawn(async move {
             if tokio::signal::ctrl_c().await.is_ok() {
                 on_ctrl_c.cancel();
             }
         });
-        match crate::demo::run(options, shutdown).await {
+        let ran = crate::demo::run(options, shutdown).await;
+        ctrl_c.abort();
+        match ran {
             Ok(()) => ExitCode::SUCCESS,
             Err(error) => {
                 eprintln!("error: {error:#}");

@@ -3,9 +3,13 @@
 
 use std::process::ExitCode;
 
+use std::sync::Arc;
+
 use tokio_util::sync::CancellationToken;
 
 use super::RunArgs;
+use crate::node::Node;
+use crate::telemetry::metrics::RelayMetrics;
 
 /// Exit status for a config that does not load or validate.
 const EXIT_BAD_CONFIG: u8 = 2;
@@ -28,8 +32,16 @@ pub(super) fn run(args: RunArgs) -> ExitCode {
     };
     runtime.block_on(async move {
         let shutdown = CancellationToken::new();
-        tokio::spawn(watch_signals(shutdown.clone()));
-        match crate::node::run(config, shutdown).await {
+        // Ended with the runtime when `run` returns.
+        #[allow(clippy::disallowed_methods)]
+        let signals = tokio::spawn(watch_signals(shutdown.clone()));
+        let ran = async {
+            let node = Node::build(config, Arc::new(RelayMetrics::new())).await?;
+            node.run(shutdown).await
+        }
+        .await;
+        signals.abort();
+        match ran {
             Ok(()) => ExitCode::SUCCESS,
             Err(error) => {
                 tracing::error!("{error:#}");

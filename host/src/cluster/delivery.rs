@@ -16,23 +16,14 @@ use futures::FutureExt as _;
 use futures::future::BoxFuture;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
-use wasmrelay_protocol::v1;
+use wasmrelay_protocol::{Backoff, v1};
 
+use super::router::ProcessRouter;
 use super::routes::RouteTable;
-use crate::gateway::{DeliveryResult, Gateway};
+use crate::flow::dead_letter::Stage;
+use crate::flow::{Delivery, DeliveryEnd, DeliveryTarget};
+use crate::gateway::{DeliverError, DeliveryResult, Gateway};
 use crate::kafka::{InputRecord, OutputRecord};
-
-/// How a delivery ended.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum DeliveryEnd {
-    /// The process acknowledged it.
-    Delivered,
-    /// Every attempt failed until the time to live ran out; the last reason.
-    GaveUp(String),
-    /// The work was aborted (shutdown, partition revoked): it will be
-    /// consumed again.
-    Aborted,
-}
 
 /// Retry pacing of cluster deliveries.
 #[derive(Clone, Debug)]
@@ -58,7 +49,76 @@ pub trait Forwarder: Send + Sync + std::fmt::Debug + 'static {
         process_id: &str,
         delivery_id: String,
         message: v1::Message,
-    ) -> Result<BoxFuture<'static, Result<(), String>>, String>;
+    ) -> Result<BoxFuture<'static, Result<(), ForwardError>>, ForwardError>;
+}
+
+/// Why a forward to another node did not end in an acknowledgement.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum ForwardError {
+    /// It could not be queued: no usable link to the node now.
+    #[error("{0}")]
+    NotQueued(String),
+    /// The process is not connected to that node (any more).
+    #[error("not connected to node {node} (any more): {reason}")]
+    NotHere {
+        /// The node.
+        node: String,
+        /// The node's reason.
+        reason: String,
+    },
+    /// The process refused it there, or its connection ended first.
+    #[error("on node {node}: {reason}")]
+    Failed {
+        /// The node.
+        node: String,
+        /// The node's reason.
+        reason: String,
+    },
+    /// The link broke before the answer came: the message may or may not
+    /// have reached the process.
+    #[error("the mesh link to node {node} broke: {reason}")]
+    Lost {
+        /// The node.
+        node: String,
+        /// Why the link broke.
+        reason: String,
+    },
+}
+
+/// Why one attempt to deliver to a process failed (each is retried until
+/// the time to live; the last one's text is the dead letter's reason).
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum AttemptFailure {
+    /// The process nacked it.
+    #[error("the process refused it: {0}")]
+    Refused(String),
+    /// The process's connection ended before it acked.
+    #[error("the process's connection ended before it acked: {0}")]
+    ConnectionEnded(String),
+    /// The process is connected nowhere this node knows of.
+    #[error("{0} (nor known elsewhere in the cluster)")]
+    NotConnected(DeliverError),
+    /// The route names another node, and this node has no mesh.
+    #[error("process `{process_id}` is on node {node}, and this node has no mesh")]
+    NoMesh {
+        /// The process.
+        process_id: String,
+        /// The node the route names.
+        node: String,
+    },
+    /// The forward to the process's node could not be queued.
+    #[error("process `{process_id}` is on node {node}: {source}")]
+    NotForwarded {
+        /// The process.
+        process_id: String,
+        /// The node the route names.
+        node: String,
+        /// Why.
+        source: ForwardError,
+    },
+    /// The forward was queued and ended without an acknowledgement.
+    #[error(transparent)]
+    Forwarded(ForwardError),
 }
 
 /// Delivers messages to processes in the cluster.
@@ -70,7 +130,7 @@ pub struct ClusterDelivery {
     policy: DeliveryPolicy,
 }
 
-type Attempt = BoxFuture<'static, Result<(), String>>;
+type Attempt = BoxFuture<'static, Result<(), AttemptFailure>>;
 
 impl ClusterDelivery {
     /// Delivers to processes connected to `gateway` and, through
@@ -104,7 +164,7 @@ impl ClusterDelivery {
         let this = self.clone();
         async move {
             let deadline = Instant::now() + this.policy.ttl;
-            let mut backoff = this.policy.initial_backoff;
+            let mut backoff = Backoff::new(this.policy.initial_backoff, this.policy.max_backoff);
             let mut attempt = first;
             let mut attempts = 1u32;
             loop {
@@ -116,18 +176,18 @@ impl ClusterDelivery {
                     Ok(()) => return DeliveryEnd::Delivered,
                     Err(reason) => reason,
                 };
-                if Instant::now() + backoff > deadline {
+                let pause = backoff.next_pause();
+                if Instant::now() + pause > deadline {
                     return DeliveryEnd::GaveUp(format!(
                         "{reason} (time to live {:?} spent after {attempts} attempts)",
                         this.policy.ttl
                     ));
                 }
-                tracing::debug!(process = %process_id, %delivery_id, %reason, retry_in = ?backoff, "delivery failed; retrying");
+                tracing::debug!(process = %process_id, %delivery_id, %reason, retry_in = ?pause, "delivery failed; retrying");
                 tokio::select! {
                     _ = abort.cancelled() => return DeliveryEnd::Aborted,
-                    _ = tokio::time::sleep(backoff) => {}
+                    _ = tokio::time::sleep(pause) => {}
                 }
-                backoff = (backoff * 2).min(this.policy.max_backoff);
                 attempts += 1;
                 this.policy.retried.inc();
                 attempt = tokio::select! {
@@ -150,13 +210,13 @@ impl ClusterDelivery {
             Ok(answer) => async move {
                 match answer.await {
                     Ok(DeliveryResult::Acked) => Ok(()),
-                    Ok(DeliveryResult::Nacked(reason)) => {
-                        Err(format!("the process refused it: {reason}"))
+                    Ok(DeliveryResult::Nacked(reason)) => Err(AttemptFailure::Refused(reason)),
+                    Ok(DeliveryResult::Lost(reason)) => {
+                        Err(AttemptFailure::ConnectionEnded(reason))
                     }
-                    Ok(DeliveryResult::Lost(reason)) => Err(format!(
-                        "the process's connection ended before it acked: {reason}"
+                    Err(_) => Err(AttemptFailure::ConnectionEnded(
+                        "the session went away".to_string(),
                     )),
-                    Err(_) => Err("the process's connection ended".to_string()),
                 }
             }
             .boxed(),
@@ -165,11 +225,19 @@ impl ClusterDelivery {
                 let result = match (elsewhere, &self.forwarder) {
                     (Some(node), Some(forwarder)) => forwarder
                         .forward(&node, process_id, delivery_id.to_string(), message.clone())
-                        .map_err(|e| format!("process `{process_id}` is on node {node}: {e}")),
-                    (Some(node), None) => Err(format!(
-                        "process `{process_id}` is on node {node}, and this node has no mesh"
-                    )),
-                    (None, _) => Err(format!("{not_here} (nor known elsewhere in the cluster)")),
+                        .map(|answer| {
+                            async move { answer.await.map_err(AttemptFailure::Forwarded) }.boxed()
+                        })
+                        .map_err(|source| AttemptFailure::NotForwarded {
+                            process_id: process_id.to_string(),
+                            node,
+                            source,
+                        }),
+                    (Some(node), None) => Err(AttemptFailure::NoMesh {
+                        process_id: process_id.to_string(),
+                        node,
+                    }),
+                    (None, _) => Err(AttemptFailure::NotConnected(not_here)),
                 };
                 match result {
                     Ok(answer) => answer,
@@ -197,5 +265,46 @@ pub fn to_wire(input: &InputRecord, message: OutputRecord) -> v1::Message {
         partition: input.partition,
         offset: input.offset,
         timestamp_ms: input.timestamp_ms.unwrap_or(-1),
+    }
+}
+
+/// The relay cluster as a flow's [`DeliveryTarget`]: the router names each
+/// message's process, and the message is handed to it wherever it is
+/// connected; the outcome (acknowledged, or given up after the time to
+/// live) arrives later.
+#[derive(Debug)]
+pub struct ClusterTarget {
+    router: ProcessRouter,
+    delivery: Arc<ClusterDelivery>,
+}
+
+impl ClusterTarget {
+    /// Routes with `router` and delivers with `delivery`.
+    pub fn new(router: ProcessRouter, delivery: Arc<ClusterDelivery>) -> Self {
+        ClusterTarget { router, delivery }
+    }
+}
+
+impl DeliveryTarget for ClusterTarget {
+    fn deliver<'a>(
+        &'a self,
+        input: &'a InputRecord,
+        call: OutputRecord,
+        abort: &'a CancellationToken,
+    ) -> BoxFuture<'a, Delivery> {
+        async move {
+            match self.router.route(input, &call).await {
+                Ok(process_id) => Delivery::Pending(
+                    self.delivery
+                        .start(process_id, input, call, abort.clone())
+                        .await,
+                ),
+                Err(failure) => Delivery::Failed {
+                    stage: Stage::Route(failure.stage),
+                    reason: failure.reason,
+                },
+            }
+        }
+        .boxed()
     }
 }

@@ -17,6 +17,7 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
 
 use crate::gateway::Gateway;
 use crate::kafka::OutputRecord;
@@ -127,6 +128,9 @@ pub async fn run_membership(
     metrics: ClusterMetrics,
     shutdown: CancellationToken,
 ) {
+    // Heartbeat acknowledgements are awaited aside (a lost one is replaced
+    // by the next); the last is awaited before returning.
+    let acks = TaskTracker::new();
     let self_id = options.identity.node_id.clone();
     let mut nodes: BTreeMap<String, NodeEntry> = BTreeMap::new();
     let started = Instant::now();
@@ -139,7 +143,7 @@ pub async fn run_membership(
             _ = tick.tick() => {
                 let beat = current_heartbeat(&options, &gateway, false);
                 metrics.connections.set(i64::try_from(beat.connections).unwrap_or(i64::MAX));
-                publish_heartbeat(&link, &options.topic, &beat).await;
+                publish_heartbeat(&link, &options.topic, &beat, &acks).await;
                 // This node knows it is alive without waiting for Kafka.
                 nodes.insert(self_id.clone(), NodeEntry { heartbeat: beat, last_seen: Instant::now() });
             }
@@ -199,7 +203,9 @@ pub async fn run_membership(
         });
     }
     let beat = current_heartbeat(&options, &gateway, true);
-    publish_heartbeat(&link, &options.topic, &beat).await;
+    publish_heartbeat(&link, &options.topic, &beat, &acks).await;
+    acks.close();
+    acks.wait().await;
 }
 
 /// Whether liveness, membership or the alarm changed (what watchers act on).
@@ -253,7 +259,7 @@ fn current_heartbeat(options: &MembershipOptions, gateway: &Gateway, leaving: bo
     }
 }
 
-async fn publish_heartbeat(link: &KafkaLink, topic: &str, beat: &Heartbeat) {
+async fn publish_heartbeat(link: &KafkaLink, topic: &str, beat: &Heartbeat, acks: &TaskTracker) {
     let record = OutputRecord {
         key: Some(beat.node_id.as_bytes().to_vec()),
         value: serde_json::to_vec(beat).ok(),
@@ -263,7 +269,7 @@ async fn publish_heartbeat(link: &KafkaLink, topic: &str, beat: &Heartbeat) {
     match link.producer().enqueue(topic, &record).await {
         Ok(ack) => {
             let topic = topic.to_string();
-            tokio::spawn(async move {
+            acks.spawn(async move {
                 if let Err(error) = ack.await {
                     tracing::warn!(%topic, %error, "a heartbeat was not written");
                 }

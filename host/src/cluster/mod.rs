@@ -16,9 +16,9 @@ pub mod routes;
 pub mod runtime;
 pub mod upstream;
 
-pub use delivery::{ClusterDelivery, DeliveryEnd, DeliveryPolicy};
+pub use delivery::{ClusterDelivery, ClusterTarget, DeliveryPolicy};
 pub use router::{PROCESS_ID_HEADER, ProcessRouter, RouteFailure};
-pub use runtime::ClusterRuntime;
+pub use runtime::{Advertised, ClusterListeners, ClusterRuntime};
 pub use upstream::FlowUpstream;
 
 /// Milliseconds since the Unix epoch, for the records nodes exchange.

@@ -23,6 +23,7 @@ use std::time::Instant;
 use serde::{Deserialize, Serialize};
 use tokio::sync::{mpsc, watch};
 use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
 
 use super::membership::ClusterView;
 use crate::gateway::{Gateway, RegistrationEvent};
@@ -323,8 +324,25 @@ pub async fn publish_routes(
     table: Arc<RouteTable>,
     link: Arc<KafkaLink>,
     topic: String,
-    mut events: mpsc::UnboundedReceiver<RegistrationEvent>,
+    events: mpsc::UnboundedReceiver<RegistrationEvent>,
     shutdown: CancellationToken,
+) {
+    // Acknowledgements are awaited aside, each in a task of its own.
+    let acks = TaskTracker::new();
+    publish_in_order(&table, &link, &topic, events, &acks, &shutdown).await;
+    acks.close();
+    acks.wait().await;
+}
+
+/// Writes each registration event's record in event order until `shutdown`;
+/// acknowledgements (and rewrites of a refused record) run on `acks`.
+async fn publish_in_order(
+    table: &Arc<RouteTable>,
+    link: &Arc<KafkaLink>,
+    topic: &str,
+    mut events: mpsc::UnboundedReceiver<RegistrationEvent>,
+    acks: &TaskTracker,
+    shutdown: &CancellationToken,
 ) {
     loop {
         let event = tokio::select! {
@@ -377,7 +395,7 @@ pub async fn publish_routes(
         };
         // Enqueue in event order; wait for the acknowledgement aside.
         let ack = loop {
-            match link.producer().enqueue(&topic, &record).await {
+            match link.producer().enqueue(topic, &record).await {
                 Ok(ack) => break ack,
                 Err(error) => {
                     tracing::warn!(%topic, process = %process_id, %error, "writing a route failed; retrying");
@@ -390,8 +408,9 @@ pub async fn publish_routes(
         };
         let table = table.clone();
         let link = link.clone();
-        let topic = topic.clone();
-        tokio::spawn(async move {
+        let topic = topic.to_string();
+        let shutdown = shutdown.clone();
+        acks.spawn(async move {
             let delivered = match ack.await {
                 Ok(delivered) => delivered,
                 Err(error) => {
@@ -399,9 +418,11 @@ pub async fn publish_routes(
                     loop {
                         match link.producer().send(&topic, &record).await {
                             Ok(delivered) => break delivered,
-                            Err(_) => {
-                                tokio::time::sleep(std::time::Duration::from_millis(200)).await
-                            }
+                            Err(_) => tokio::select! {
+                                // The route is written again when the process registers anew.
+                                _ = shutdown.cancelled() => return,
+                                _ = tokio::time::sleep(std::time::Duration::from_millis(200)) => {}
+                            },
                         }
                     }
                 }
@@ -427,8 +448,9 @@ mod tests {
             &self,
             _: &str,
             _: wasmrelay_protocol::v1::Send,
-        ) -> futures::future::BoxFuture<'static, Result<(), String>> {
-            Box::pin(async { Err("none".to_string()) })
+        ) -> futures::future::BoxFuture<'static, Result<(), crate::gateway::UpstreamError>>
+        {
+            Box::pin(async { Err(crate::gateway::UpstreamError::Refused("none".to_string())) })
         }
     }
 

@@ -8,10 +8,10 @@ use std::time::Duration;
 use anyhow::Context as _;
 use serde_json::json;
 use tokio::sync::{mpsc, watch};
-use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
 
-use super::delivery::Forwarder;
+use super::delivery::{ForwardError, Forwarder};
 use super::membership::{ClusterView, Heartbeat, MembershipOptions, run_membership};
 use super::mesh::{ForwardOutcome, Mesh, MeshOptions};
 use super::routes::{RouteTable, follow_routes, publish_routes};
@@ -29,10 +29,45 @@ const TOPIC_TIMEOUT: Duration = Duration::from_secs(30);
 /// Records buffered between a topic reader thread and its task.
 const TAIL_BUFFER: usize = 4096;
 
+/// The listeners of a cluster node, bound before anything starts (port 0
+/// is resolved when they are bound).
+#[derive(Debug)]
+pub struct ClusterListeners {
+    /// Where business processes connect.
+    pub client: tokio::net::TcpListener,
+    /// Where other nodes connect.
+    pub mesh: tokio::net::TcpListener,
+}
+
+impl ClusterListeners {
+    /// Binds both listeners of `config`, with errors naming the address.
+    pub async fn bind(config: &ClusterConfig) -> anyhow::Result<ClusterListeners> {
+        let client = crate::gateway::bind(config.client_listen).await?;
+        let mesh = tokio::net::TcpListener::bind(config.mesh_listen)
+            .await
+            .map_err(|e| {
+                anyhow::anyhow!("binding the mesh listener on {}: {e}", config.mesh_listen)
+            })?;
+        Ok(ClusterListeners { client, mesh })
+    }
+}
+
+/// The addresses a node tells others (heartbeats, redirects, `/cluster`).
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct Advertised {
+    /// Where processes connect to this node.
+    pub client_addr: String,
+    /// Where other nodes connect to this node.
+    pub mesh_addr: String,
+    /// This node's admin API.
+    pub admin_addr: String,
+}
+
 /// A node's running cluster parts.
 #[derive(Debug)]
 pub struct ClusterRuntime {
     node_id: String,
+    advertised: Advertised,
     gateway: Arc<Gateway>,
     routes: Arc<RouteTable>,
     mesh: Arc<Mesh>,
@@ -40,7 +75,7 @@ pub struct ClusterRuntime {
     stop: CancellationToken,
     /// When the node has heard every live node's heartbeat at least once.
     heard_everyone_at: tokio::time::Instant,
-    tasks: std::sync::Mutex<Vec<JoinHandle<()>>>,
+    tasks: TaskTracker,
     tails: std::sync::Mutex<Vec<TopicTail>>,
 }
 
@@ -50,8 +85,9 @@ impl ClusterRuntime {
     /// [`ClusterRuntime::wait_caught_up`]).
     pub async fn start(
         node_id: &str,
-        admin_addr: String,
+        admin_addr: std::net::SocketAddr,
         config: &ClusterConfig,
+        listeners: ClusterListeners,
         link: Arc<KafkaLink>,
         upstream: Arc<dyn Upstream>,
         metrics: &RelayMetrics,
@@ -72,12 +108,30 @@ impl ClusterRuntime {
             .context("preparing the cluster topics")?;
 
         let stop = CancellationToken::new();
-        let mut tasks = Vec::new();
+        let tasks = TaskTracker::new();
         let (events_tx, events_rx) = mpsc::unbounded_channel();
         let gateway = Gateway::new(gateway_options(node_id, config), upstream, Some(events_tx));
-        let listener = crate::gateway::bind(config.client_listen).await?;
-        tracing::info!(addr = %config.client_listen, "client listener ready");
-        tasks.push(tokio::spawn(gateway.clone().serve(listener, stop.clone())));
+        let ClusterListeners {
+            client: client_listener,
+            mesh: mesh_listener,
+        } = listeners;
+        let client_addr = client_listener.local_addr()?;
+        let mesh_addr = mesh_listener.local_addr()?;
+        // Without an advertised address, the bound one (port 0 resolved).
+        let advertised = Advertised {
+            client_addr: config
+                .client_advertise
+                .clone()
+                .unwrap_or_else(|| client_addr.to_string()),
+            mesh_addr: config
+                .mesh_advertise
+                .clone()
+                .unwrap_or_else(|| mesh_addr.to_string()),
+            admin_addr: config
+                .admin_advertise
+                .clone()
+                .unwrap_or_else(|| admin_addr.to_string()),
+        };
 
         let cluster_metrics = metrics.cluster();
         let routes = RouteTable::new(node_id, gateway.clone(), cluster_metrics.clone());
@@ -93,33 +147,37 @@ impl ClusterRuntime {
         )
         .context("reading the heartbeat topic")?;
         let (routes_tx, routes_rx) = mpsc::channel::<TailEvent>(TAIL_BUFFER);
-        let routes_tail = TopicTail::start(
+        let routes_tail = match TopicTail::start(
             &info,
             &config.routes_topic,
             TailStart::Beginning,
             &format!("{node_id}-routes"),
             routes_tx,
-        )
-        .context("reading the routes topic")?;
+        ) {
+            Ok(tail) => tail,
+            Err(error) => {
+                tokio::task::spawn_blocking(move || heartbeat_tail.stop())
+                    .await
+                    .ok();
+                return Err(error.context("reading the routes topic"));
+            }
+        };
+
+        // Nothing below fails: the tasks start.
+        tasks.spawn(gateway.clone().serve(client_listener, stop.clone()));
 
         let identity = Heartbeat {
             node_id: node_id.to_string(),
-            client_addr: config
-                .client_advertise
-                .clone()
-                .unwrap_or_else(|| config.client_listen.to_string()),
-            mesh_addr: config
-                .mesh_advertise
-                .clone()
-                .unwrap_or_else(|| config.mesh_listen.to_string()),
-            admin_addr: config.admin_advertise.clone().unwrap_or(admin_addr),
+            client_addr: advertised.client_addr.clone(),
+            mesh_addr: advertised.mesh_addr.clone(),
+            admin_addr: advertised.admin_addr.clone(),
             connections: 0,
             quota: config.connection_quota,
             started_at_ms: super::now_ms(),
             sent_at_ms: 0,
             leaving: false,
         };
-        tasks.push(tokio::spawn(run_membership(
+        tasks.spawn(run_membership(
             MembershipOptions {
                 identity,
                 topic: config.heartbeat_topic.clone(),
@@ -134,24 +192,24 @@ impl ClusterRuntime {
             view_tx,
             cluster_metrics,
             stop.clone(),
-        )));
-        tasks.push(tokio::spawn(follow_routes(
+        ));
+        tasks.spawn(follow_routes(
             routes.clone(),
             routes_rx,
             view.clone(),
             stop.clone(),
-        )));
-        tasks.push(tokio::spawn(publish_routes(
+        ));
+        tasks.spawn(publish_routes(
             routes.clone(),
             link.clone(),
             config.routes_topic.clone(),
             events_rx,
             stop.clone(),
-        )));
+        ));
         let mesh = Mesh::new(
             MeshOptions {
                 node_id: node_id.to_string(),
-                secret: config.secret.as_bytes().to_vec(),
+                secret: config.secret.expose().as_bytes().to_vec(),
                 max_frame_bytes: config.max_frame_bytes,
                 // A link silent for three keepalives is broken: as long as
                 // a node may stay silent before it counts as dead.
@@ -160,33 +218,26 @@ impl ClusterRuntime {
             },
             gateway.clone(),
         );
-        let mesh_listener = tokio::net::TcpListener::bind(config.mesh_listen)
-            .await
-            .map_err(|e| {
-                anyhow::anyhow!("binding the mesh listener on {}: {e}", config.mesh_listen)
-            })?;
-        tracing::info!(addr = %config.mesh_listen, "mesh listener ready");
-        tasks.push(tokio::spawn(
-            mesh.clone().serve(mesh_listener, stop.clone()),
-        ));
-        tasks.push(tokio::spawn(follow_peers(
+        tasks.spawn(mesh.clone().serve(mesh_listener, stop.clone()));
+        tasks.spawn(follow_peers(
             mesh.clone(),
             node_id.to_string(),
             view.clone(),
             stop.clone(),
-        )));
+        ));
         // Heartbeats are read from the end: every live node's next one
         // arrives within an interval (plus Kafka's latency).
         let heard_everyone_at = tokio::time::Instant::now() + config.heartbeat_interval * 3 / 2;
         Ok(ClusterRuntime {
             heard_everyone_at,
             node_id: node_id.to_string(),
+            advertised,
             gateway,
             routes,
             mesh,
             view,
             stop,
-            tasks: std::sync::Mutex::new(tasks),
+            tasks,
             tails: std::sync::Mutex::new(vec![heartbeat_tail, routes_tail]),
         })
     }
@@ -213,6 +264,11 @@ impl ClusterRuntime {
             tracing::warn!(?peers, linked = ?self.mesh.linked(), "not linked to every live node yet; starting anyway");
         }
         Ok(())
+    }
+
+    /// The addresses this node tells others.
+    pub fn advertised(&self) -> &Advertised {
+        &self.advertised
     }
 
     /// The gateway of this node.
@@ -257,6 +313,9 @@ impl ClusterRuntime {
             .collect();
         json!({
             "node": self.node_id,
+            "client_addr": self.advertised.client_addr,
+            "mesh_addr": self.advertised.mesh_addr,
+            "admin_addr": self.advertised.admin_addr,
             "live": view.live,
             "min_live_nodes": view.min_live_nodes,
             "alarm": view.alarm,
@@ -313,10 +372,8 @@ impl ClusterRuntime {
     pub async fn stop(&self) {
         self.stop.cancel();
         self.mesh.close();
-        let tasks = std::mem::take(&mut *self.tasks.lock().unwrap_or_else(|e| e.into_inner()));
-        for task in tasks {
-            let _ = task.await;
-        }
+        self.tasks.close();
+        self.tasks.wait().await;
         let tails = std::mem::take(&mut *self.tails.lock().unwrap_or_else(|e| e.into_inner()));
         for tail in tails {
             tokio::task::spawn_blocking(move || tail.stop()).await.ok();
@@ -348,21 +405,20 @@ impl Forwarder for Mesh {
         process_id: &str,
         delivery_id: String,
         message: wasmrelay_protocol::v1::Message,
-    ) -> Result<futures::future::BoxFuture<'static, Result<(), String>>, String> {
+    ) -> Result<futures::future::BoxFuture<'static, Result<(), ForwardError>>, ForwardError> {
         let outcome = Mesh::forward(self, node, process_id, delivery_id, message)
-            .map_err(|e| e.to_string())?;
+            .map_err(|e| ForwardError::NotQueued(e.to_string()))?;
         let node = node.to_string();
         Ok(Box::pin(async move {
             match outcome.await {
                 Ok(ForwardOutcome::Delivered) => Ok(()),
-                Ok(ForwardOutcome::NotHere(reason)) => {
-                    Err(format!("not connected to node {node} (any more): {reason}"))
-                }
-                Ok(ForwardOutcome::Failed(reason)) => Err(format!("on node {node}: {reason}")),
-                Ok(ForwardOutcome::Lost(reason)) => {
-                    Err(format!("the mesh link to node {node} broke: {reason}"))
-                }
-                Err(_) => Err(format!("the mesh link to node {node} went away")),
+                Ok(ForwardOutcome::NotHere(reason)) => Err(ForwardError::NotHere { node, reason }),
+                Ok(ForwardOutcome::Failed(reason)) => Err(ForwardError::Failed { node, reason }),
+                Ok(ForwardOutcome::Lost(reason)) => Err(ForwardError::Lost { node, reason }),
+                Err(_) => Err(ForwardError::Lost {
+                    node,
+                    reason: "the link went away".to_string(),
+                }),
             }
         }))
     }

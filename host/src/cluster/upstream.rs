@@ -15,7 +15,7 @@ use wasmrelay_protocol::v1;
 use crate::flow::chain::PluginChain;
 use crate::flow::headers;
 use crate::flow::retry::Attempt;
-use crate::gateway::Upstream;
+use crate::gateway::{Upstream, UpstreamError};
 use crate::kafka::{InputRecord, OutputRecord};
 use crate::link::KafkaLink;
 use crate::telemetry::metrics::FlowMetrics;
@@ -36,7 +36,11 @@ pub struct FlowUpstream {
 }
 
 impl Upstream for FlowUpstream {
-    fn send(&self, process_id: &str, send: v1::Send) -> BoxFuture<'static, Result<(), String>> {
+    fn send(
+        &self,
+        process_id: &str,
+        send: v1::Send,
+    ) -> BoxFuture<'static, Result<(), UpstreamError>> {
         let mut record = OutputRecord {
             key: send.key.map(|k| k.to_vec()),
             value: Some(send.value.to_vec()),
@@ -69,23 +73,26 @@ impl Upstream for FlowUpstream {
             let records = match chain.apply(&origin, record).await {
                 Attempt::Success(records) => records,
                 Attempt::Retry(failure) => {
-                    return Err(format!(
-                        "data-return plugin {} failed, send again later: {}",
-                        failure.plugin, failure.reason
-                    ));
+                    return Err(UpstreamError::PluginFailed {
+                        plugin: failure.plugin,
+                        reason: failure.reason,
+                    });
                 }
                 Attempt::GiveUp(failure) => {
-                    return Err(format!(
-                        "data-return plugin {} refused the message: {}",
-                        failure.plugin, failure.reason
-                    ));
+                    return Err(UpstreamError::PluginRefused {
+                        plugin: failure.plugin,
+                        reason: failure.reason,
+                    });
                 }
             };
             for record in records {
                 link.producer()
                     .send(&topic, &record)
                     .await
-                    .map_err(|e| format!("producing to `{topic}`: {e}"))?;
+                    .map_err(|source| UpstreamError::Produce {
+                        topic: topic.clone(),
+                        source,
+                    })?;
                 metrics.returned.inc();
             }
             Ok(())

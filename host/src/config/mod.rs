@@ -17,13 +17,44 @@
 
 mod interpolate;
 mod schema;
+mod secret;
 mod validate;
 
 use std::fmt;
 use std::path::{Path, PathBuf};
 
 pub use schema::*;
+pub use secret::{REDACTED, Secret, redact};
 pub use validate::validate;
+
+/// A config that passed [`validate`]: the only kind a node is built from.
+/// Made by [`load`] and [`parse`] (or [`ValidatedConfig::new`] for a config
+/// built in code), so nothing starts on a config that was not checked.
+#[derive(Clone, Debug)]
+pub struct ValidatedConfig(RelayConfig);
+
+impl ValidatedConfig {
+    /// Validates `config`; every problem is reported with its key.
+    pub fn new(config: RelayConfig, origin: &str) -> Result<Self, ConfigError> {
+        validate(&config).map_err(|problems| ConfigError::Invalid {
+            origin: origin.to_string(),
+            problems,
+        })?;
+        Ok(ValidatedConfig(config))
+    }
+
+    /// The config itself.
+    pub fn into_inner(self) -> RelayConfig {
+        self.0
+    }
+}
+
+impl std::ops::Deref for ValidatedConfig {
+    type Target = RelayConfig;
+    fn deref(&self) -> &RelayConfig {
+        &self.0
+    }
+}
 
 /// What is wrong with a config file. Every message starts with
 /// `config <file>` and names the line or the key at fault.
@@ -137,7 +168,7 @@ fn invalid_lines(origin: &str, problems: &[Problem]) -> String {
 
 /// Reads, interpolates (from the process environment), parses and validates
 /// the config file at `path`.
-pub fn load(path: &Path) -> Result<RelayConfig, ConfigError> {
+pub fn load(path: &Path) -> Result<ValidatedConfig, ConfigError> {
     load_with_env(path, &|name| std::env::var(name).ok())
 }
 
@@ -146,7 +177,7 @@ pub fn load(path: &Path) -> Result<RelayConfig, ConfigError> {
 pub fn load_with_env(
     path: &Path,
     env: &dyn Fn(&str) -> Option<String>,
-) -> Result<RelayConfig, ConfigError> {
+) -> Result<ValidatedConfig, ConfigError> {
     let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Io {
         path: path.to_path_buf(),
         source,
@@ -161,7 +192,7 @@ pub fn parse(
     text: &str,
     origin: &str,
     env: &dyn Fn(&str) -> Option<String>,
-) -> Result<RelayConfig, ConfigError> {
+) -> Result<ValidatedConfig, ConfigError> {
     let interpolated =
         interpolate::interpolate(text, env).map_err(|e| ConfigError::Interpolation {
             origin: origin.to_string(),
@@ -181,11 +212,7 @@ pub fn parse(
             variables: interpolated.variables_on_line(line),
         }
     })?;
-    validate(&config).map_err(|problems| ConfigError::Invalid {
-        origin: origin.to_string(),
-        problems,
-    })?;
-    Ok(config)
+    ValidatedConfig::new(config, origin)
 }
 
 /// Parses TOML into the schema, keeping the path of the key at fault.
@@ -349,6 +376,49 @@ dead_letter_topic = "dlq"
     }
 
     #[test]
+    fn each_center_kind_takes_only_its_own_keys() {
+        let dir = plugins_dir(&["json-enrich"]);
+        let center = |table: &str| {
+            parse_err(&format!(
+                "{}\n[center]\n{table}\n",
+                config_text(dir.path(), "")
+            ))
+            .to_string()
+        };
+        let msg = center("kind = \"dir\"\ndir = \"/tmp\"\nendpoints = [\"http://e:2379\"]");
+        assert!(
+            msg.contains("center: unknown field `endpoints`, expected one of `dir`"),
+            "{msg}"
+        );
+        let msg = center("kind = \"etcd\"\nendpoints = [\"http://e:2379\"]\ndir = \"/tmp\"");
+        assert!(msg.contains("unknown field `dir`"), "{msg}");
+        let msg =
+            center("kind = \"etcd\"\nendpoints = [\"http://e:2379\"]\nauth = { user = \"relay\" }");
+        assert!(msg.contains("missing field `password`"), "{msg}");
+        let msg = center("kind = \"zookeeper\"");
+        assert!(msg.contains("zookeeper"), "{msg}");
+        let msg = center("kind = \"dir\"");
+        assert!(msg.contains("missing field `dir`"), "{msg}");
+    }
+
+    #[test]
+    fn secrets_in_the_config_never_print() {
+        let dir = plugins_dir(&["json-enrich"]);
+        let text = format!(
+            "[admin]\ntoken = \"admin-Sup3r-secret\"\n{}\n[center]\nkind = \"etcd\"\nendpoints = [\"http://e:2379\"]\nauth = {{ user = \"relay\", password = \"etcd-Sup3r-secret\" }}\n",
+            config_text(dir.path(), "")
+        )
+        .replace(
+            "bootstrap_servers = \"127.0.0.1:9092\"",
+            "bootstrap_servers = \"127.0.0.1:9092\"\noptions = { \"sasl.password\" = \"kafka-Sup3r-secret\" }",
+        );
+        let config = parse(&text, "relay.toml", &no_env).unwrap();
+        let shown = format!("{:?}", *config);
+        assert!(shown.contains("sasl.password"), "{shown}");
+        assert!(!shown.contains("Sup3r-secret"), "{shown}");
+    }
+
+    #[test]
     fn unknown_key_is_named_with_its_path_and_line() {
         let dir = plugins_dir(&["json-enrich"]);
         let err = parse_err(&config_text(dir.path(), "deliverr = 1"));
@@ -459,7 +529,10 @@ dead_letter_topic = "dlq"
         );
         let config = parse(&text, "relay.toml", &env).unwrap();
         assert_eq!(config.links["main"].bootstrap_servers, "broker:9092");
-        assert_eq!(config.admin.token.as_deref(), Some("t$k$n"));
+        assert_eq!(
+            config.admin.token.as_ref().map(|t| t.expose()),
+            Some("t$k$n")
+        );
         assert_eq!(config.node.id, "n1");
         let Some(DeliverConfig::App(app)) = &config.flows[0].deliver else {
             panic!("no app target")
@@ -598,9 +671,10 @@ dead_letter_topic = "dlq"
         let path =
             Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/sidecar-center/relay.toml");
         let config = load_with_env(&path, &env).unwrap();
-        let center_config = config.center.as_ref().unwrap();
-        assert_eq!(center_config.kind, CenterKind::Dir);
-        assert_eq!(center_config.dir.as_deref(), Some(center.path()));
+        let Some(CenterConfig::Dir(center_config)) = config.center.as_ref() else {
+            panic!("a dir center: {:?}", config.center);
+        };
+        assert_eq!(center_config.dir, center.path());
         assert!(config.links["main"].from_center);
     }
 

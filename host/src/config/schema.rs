@@ -9,6 +9,10 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
+use super::secret::Secret;
+use crate::gateway::GatewayOptions;
+use crate::plugin::PluginLimits;
+
 /// The whole config file.
 #[derive(Clone, Debug, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
@@ -63,10 +67,11 @@ pub struct AdminConfig {
     /// Address to listen on. Localhost by default: expose it deliberately.
     #[serde(default = "default_admin_listen")]
     pub listen: SocketAddr,
-    /// Bearer token required by endpoints that change state. When unset,
-    /// those endpoints are refused.
+    /// Bearer token (`Authorization: Bearer <token>`) required by every
+    /// endpoint but `/healthz` and `/readyz`; without it they are open to
+    /// whoever reaches the listener (keep it on localhost then).
     #[serde(default)]
-    pub token: Option<String>,
+    pub token: Option<Secret>,
 }
 
 impl Default for AdminConfig {
@@ -100,30 +105,50 @@ pub struct PluginsConfig {
     pub config: BTreeMap<String, BTreeMap<String, String>>,
 }
 
-/// Where live Kafka connection info comes from.
+/// Where live Kafka connection info comes from (`[center]`): a tagged
+/// table, `kind = "dir"` or `kind = "etcd"`, each kind with its own keys.
+#[derive(Clone, Debug, Deserialize, Serialize)]
+#[serde(tag = "kind", rename_all = "lowercase")]
+pub enum CenterConfig {
+    /// A directory of files, e.g. a mounted Kubernetes ConfigMap: each file
+    /// name is a key, its content the value.
+    Dir(DirCenterConfig),
+    /// Keys under a prefix in etcd (v3 API).
+    Etcd(EtcdCenterConfig),
+}
+
+impl CenterConfig {
+    /// How long a link waits at start for its key before the relay gives up.
+    pub fn wait_for_key(&self) -> Duration {
+        match self {
+            CenterConfig::Dir(dir) => dir.wait_for_key,
+            CenterConfig::Etcd(etcd) => etcd.wait_for_key,
+        }
+    }
+
+    /// How long a new cluster may take to answer before a switch is refused.
+    pub fn probe_timeout(&self) -> Duration {
+        match self {
+            CenterConfig::Dir(dir) => dir.probe_timeout,
+            CenterConfig::Etcd(etcd) => etcd.probe_timeout,
+        }
+    }
+
+    /// How long the old cluster is drained after a switch.
+    pub fn drain_timeout(&self) -> Duration {
+        match self {
+            CenterConfig::Dir(dir) => dir.drain_timeout,
+            CenterConfig::Etcd(etcd) => etcd.drain_timeout,
+        }
+    }
+}
+
+/// A directory center (`kind = "dir"`).
 #[derive(Clone, Debug, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
-pub struct CenterConfig {
-    /// The backend: `dir` (a directory of files, e.g. a mounted Kubernetes
-    /// ConfigMap; each file name is a key, its content the value) or `etcd`
-    /// (keys under a prefix).
-    pub kind: CenterKind,
-    /// The directory (`kind = "dir"`).
-    #[serde(default)]
-    pub dir: Option<PathBuf>,
-    /// etcd client URLs, e.g. `["http://10.0.0.5:2379"]` (`kind = "etcd"`).
-    #[serde(default)]
-    pub endpoints: Vec<String>,
-    /// Only etcd keys under this prefix are read, named without it:
-    /// `/wasmrelay/kafka.main` is key `kafka.main` with prefix `/wasmrelay/`.
-    #[serde(default)]
-    pub prefix: String,
-    /// etcd user, when authentication is enabled (with `password`).
-    #[serde(default)]
-    pub user: Option<String>,
-    /// etcd password (use `${ETCD_PASSWORD}` rather than writing it here).
-    #[serde(default)]
-    pub password: Option<String>,
+pub struct DirCenterConfig {
+    /// The directory.
+    pub dir: PathBuf,
     /// How long a link waits at start for its key before the relay gives up.
     #[serde(default = "default_wait_for_key", with = "humantime_serde")]
     pub wait_for_key: Duration,
@@ -136,18 +161,44 @@ pub struct CenterConfig {
     pub drain_timeout: Duration,
 }
 
-/// Config center backends.
-#[derive(Clone, Copy, Debug, Deserialize, Serialize, PartialEq, Eq)]
-#[serde(rename_all = "lowercase")]
-pub enum CenterKind {
-    /// A directory of files.
-    Dir,
-    /// Keys under a prefix in etcd (v3 API).
-    Etcd,
+/// An etcd center (`kind = "etcd"`).
+#[derive(Clone, Debug, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct EtcdCenterConfig {
+    /// etcd client URLs, e.g. `["http://10.0.0.5:2379"]`.
+    pub endpoints: Vec<String>,
+    /// Only etcd keys under this prefix are read, named without it:
+    /// `/wasmrelay/kafka.main` is key `kafka.main` with prefix `/wasmrelay/`.
+    #[serde(default)]
+    pub prefix: String,
+    /// etcd user and password, when etcd has authentication enabled
+    /// (`[center.auth] user = "relay"`, `password = "${ETCD_PASSWORD}"`).
+    #[serde(default)]
+    pub auth: Option<EtcdAuth>,
+    /// How long a link waits at start for its key before the relay gives up.
+    #[serde(default = "default_wait_for_key", with = "humantime_serde")]
+    pub wait_for_key: Duration,
+    /// How long a new cluster may take to answer before a switch is refused.
+    #[serde(default = "default_probe_timeout", with = "humantime_serde")]
+    pub probe_timeout: Duration,
+    /// How long the old cluster is drained after a switch; what is left
+    /// there after that is reported.
+    #[serde(default = "default_drain_timeout", with = "humantime_serde")]
+    pub drain_timeout: Duration,
 }
 
-/// One Kafka connection.
+/// etcd credentials: a user and its password, always together.
 #[derive(Clone, Debug, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct EtcdAuth {
+    /// The etcd user.
+    pub user: String,
+    /// Its password (use `${ETCD_PASSWORD}` rather than writing it here).
+    pub password: Secret,
+}
+
+/// One Kafka connection. `Debug` hides the values of secret options.
+#[derive(Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct LinkConfig {
     /// `bootstrap.servers`: comma-separated `host:port` list. Not used (and
@@ -164,6 +215,28 @@ pub struct LinkConfig {
     /// enable.auto.offset.store, ...) are refused here.
     #[serde(default)]
     pub options: BTreeMap<String, String>,
+}
+
+impl std::fmt::Debug for LinkConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let options: BTreeMap<&str, &str> = self
+            .options
+            .iter()
+            .map(|(k, v)| {
+                let shown = if crate::kafka::link::is_secret(k) {
+                    super::REDACTED
+                } else {
+                    v.as_str()
+                };
+                (k.as_str(), shown)
+            })
+            .collect();
+        f.debug_struct("LinkConfig")
+            .field("bootstrap_servers", &self.bootstrap_servers)
+            .field("from_center", &self.from_center)
+            .field("options", &options)
+            .finish()
+    }
 }
 
 /// One message flow: consume, process, deliver, return.
@@ -250,7 +323,7 @@ pub struct ClusterConfig {
     pub admin_advertise: Option<String>,
     /// The shared secret mesh links authenticate with (at least 16
     /// characters; use `${CLUSTER_SECRET}`).
-    pub secret: String,
+    pub secret: Secret,
     /// Topic of node heartbeats.
     #[serde(default = "default_heartbeat_topic")]
     pub heartbeat_topic: String,
@@ -365,27 +438,27 @@ fn default_connection_quota() -> u64 {
 }
 
 fn default_keepalive() -> Duration {
-    Duration::from_secs(10)
+    GatewayOptions::default().keepalive
 }
 
 fn default_hello_timeout() -> Duration {
-    Duration::from_secs(10)
+    GatewayOptions::default().hello_timeout
 }
 
 fn default_send_queue() -> usize {
-    1024
+    GatewayOptions::default().send_queue
 }
 
 fn default_max_unacked() -> usize {
-    1024
+    GatewayOptions::default().max_unacked
 }
 
 fn default_slow_consumer_timeout() -> Duration {
-    Duration::from_secs(30)
+    GatewayOptions::default().slow_consumer_timeout
 }
 
 fn default_max_frame_bytes() -> usize {
-    1024 * 1024
+    wasmrelay_protocol::DEFAULT_MAX_FRAME_BYTES
 }
 
 fn default_wait_for_key() -> Duration {
@@ -420,11 +493,11 @@ fn default_true() -> bool {
 }
 
 fn default_call_deadline() -> Duration {
-    Duration::from_millis(100)
+    PluginLimits::default().call_deadline
 }
 
 fn default_memory_cap_mib() -> u64 {
-    64
+    PluginLimits::default().memory_cap_bytes / (1024 * 1024)
 }
 
 fn default_app_timeout() -> Duration {

@@ -9,7 +9,7 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use super::{
-    AppTarget, CenterKind, DeliverConfig, FlowConfig, LinkConfig, PluginsConfig, Problem,
+    AppTarget, CenterConfig, DeliverConfig, FlowConfig, LinkConfig, PluginsConfig, Problem,
     RelayConfig, RetryConfig, key_segment,
 };
 
@@ -29,12 +29,12 @@ pub fn validate(config: &RelayConfig) -> Result<(), Vec<Problem>> {
         problems.push("node.id", not_identifier("node id", &config.node.id));
     }
     if let Some(token) = &config.admin.token
-        && token.trim().is_empty()
+        && token.expose().trim().is_empty()
     {
         problems.push(
             "admin.token",
-            "must not be empty: set a token, or remove the key to refuse the endpoints that \
-             change state",
+            "must not be empty: set a token, or remove the key to leave the admin API open to \
+             whoever reaches its listener",
         );
     }
     let plugin_files = check_plugins(&config.plugins, &mut problems);
@@ -88,7 +88,7 @@ fn check_cluster(config: &RelayConfig, problems: &mut Problems) {
             format!("`{}` is not a link in `[links]`", cluster.link),
         );
     }
-    if cluster.secret.chars().count() < MIN_SECRET_LEN {
+    if cluster.secret.expose().chars().count() < MIN_SECRET_LEN {
         problems.push(
             "cluster.secret",
             format!("must be at least {MIN_SECRET_LEN} characters (use `${{CLUSTER_SECRET}}`)"),
@@ -284,59 +284,34 @@ fn check_center(config: &RelayConfig, problems: &mut Problems) {
         }
         return;
     };
-    match center.kind {
-        CenterKind::Dir => {
-            match &center.dir {
-                None => problems.push("center.dir", "is required with `kind = \"dir\"`"),
-                Some(dir) if !dir.is_dir() => problems.push(
+    match center {
+        CenterConfig::Dir(dir) => {
+            if !dir.dir.is_dir() {
+                problems.push(
                     "center.dir",
-                    format!("{} is not a directory", dir.display()),
-                ),
-                Some(_) => {}
-            }
-            for (key, set) in [
-                ("center.endpoints", !center.endpoints.is_empty()),
-                ("center.prefix", !center.prefix.is_empty()),
-                ("center.user", center.user.is_some()),
-                ("center.password", center.password.is_some()),
-            ] {
-                if set {
-                    problems.push(key, "is only used with `kind = \"etcd\"`");
-                }
+                    format!("{} is not a directory", dir.dir.display()),
+                );
             }
         }
-        CenterKind::Etcd => {
-            if center.endpoints.is_empty() {
+        CenterConfig::Etcd(etcd) => {
+            if etcd.endpoints.is_empty() {
                 problems.push(
                     "center.endpoints",
                     "at least one etcd endpoint is required with `kind = \"etcd\"` \
                      (e.g. `[\"http://127.0.0.1:2379\"]`)",
                 );
             }
-            for (index, endpoint) in center.endpoints.iter().enumerate() {
+            for (index, endpoint) in etcd.endpoints.iter().enumerate() {
                 if let Err(problem) = etcd_endpoint_problem(endpoint) {
                     problems.push(format!("center.endpoints[{index}]"), problem);
                 }
             }
-            if center.dir.is_some() {
-                problems.push("center.dir", "is only used with `kind = \"dir\"`");
-            }
-            if center.user.is_some() != center.password.is_some() {
-                problems.push(
-                    if center.user.is_some() {
-                        "center.password"
-                    } else {
-                        "center.user"
-                    },
-                    "`user` and `password` go together",
-                );
-            }
         }
     }
     for (key, value) in [
-        ("center.wait_for_key", center.wait_for_key),
-        ("center.probe_timeout", center.probe_timeout),
-        ("center.drain_timeout", center.drain_timeout),
+        ("center.wait_for_key", center.wait_for_key()),
+        ("center.probe_timeout", center.probe_timeout()),
+        ("center.drain_timeout", center.drain_timeout()),
     ] {
         if value.is_zero() {
             problems.push(key, "must be more than zero");
@@ -695,33 +670,25 @@ url = "http://127.0.0.1:8080/calls"
             "links.main.from_center",
             "needs a `[center]`",
         );
-        let center = |dir: Option<std::path::PathBuf>| crate::config::CenterConfig {
-            kind: CenterKind::Dir,
-            dir,
-            endpoints: Vec::new(),
-            prefix: String::new(),
-            user: None,
-            password: None,
-            wait_for_key: std::time::Duration::from_secs(1),
-            probe_timeout: std::time::Duration::from_secs(1),
-            drain_timeout: std::time::Duration::from_secs(1),
+        let center = |dir: &str| {
+            CenterConfig::Dir(crate::config::DirCenterConfig {
+                dir: dir.into(),
+                wait_for_key: std::time::Duration::from_secs(1),
+                probe_timeout: std::time::Duration::from_secs(1),
+                drain_timeout: std::time::Duration::from_secs(1),
+            })
         };
         assert_one(
-            problems(|c| c.center = Some(center(None))),
-            "center.dir",
-            "is required",
-        );
-        assert_one(
-            problems(|c| c.center = Some(center(Some("/nonexistent/center".into())))),
+            problems(|c| c.center = Some(center("/nonexistent/center"))),
             "center.dir",
             "not a directory",
         );
         // From the center, `bootstrap_servers` may be left out.
         let tmp = tempfile::tempdir().unwrap();
-        let dir = tmp.path().to_path_buf();
+        let dir = tmp.path().display().to_string();
         assert_eq!(
             problems(|c| {
-                c.center = Some(center(Some(dir)));
+                c.center = Some(center(&dir));
                 let link = c.links.get_mut("main").unwrap();
                 link.from_center = true;
                 link.bootstrap_servers.clear();
@@ -731,17 +698,16 @@ url = "http://127.0.0.1:8080/calls"
     }
 
     #[test]
-    fn an_etcd_center_needs_good_endpoints_and_no_directory() {
-        let etcd = |endpoints: &[&str]| crate::config::CenterConfig {
-            kind: CenterKind::Etcd,
-            dir: None,
-            endpoints: endpoints.iter().map(ToString::to_string).collect(),
-            prefix: "/wasmrelay/".to_string(),
-            user: None,
-            password: None,
-            wait_for_key: std::time::Duration::from_secs(1),
-            probe_timeout: std::time::Duration::from_secs(1),
-            drain_timeout: std::time::Duration::from_secs(1),
+    fn an_etcd_center_needs_good_endpoints() {
+        let etcd = |endpoints: &[&str]| {
+            CenterConfig::Etcd(crate::config::EtcdCenterConfig {
+                endpoints: endpoints.iter().map(ToString::to_string).collect(),
+                prefix: "/wasmrelay/".to_string(),
+                auth: None,
+                wait_for_key: std::time::Duration::from_secs(1),
+                probe_timeout: std::time::Duration::from_secs(1),
+                drain_timeout: std::time::Duration::from_secs(1),
+            })
         };
         assert_eq!(
             problems(|c| c.center = Some(etcd(&["http://10.0.0.5:2379", "etcd-2:2379"]))),
@@ -761,24 +727,6 @@ url = "http://127.0.0.1:8080/calls"
             problems(|c| c.center = Some(etcd(&["http://:2379"]))),
             "center.endpoints[0]",
             "not an etcd URL",
-        );
-        assert_one(
-            problems(|c| {
-                let mut center = etcd(&["etcd:2379"]);
-                center.user = Some("relay".to_string());
-                c.center = Some(center);
-            }),
-            "center.password",
-            "go together",
-        );
-        assert_one(
-            problems(|c| {
-                let mut center = etcd(&["etcd:2379"]);
-                center.dir = Some("/etc".into());
-                c.center = Some(center);
-            }),
-            "center.dir",
-            "only used with `kind = \"dir\"`",
         );
     }
 
@@ -826,7 +774,7 @@ secret = "0123456789abcdef"
     #[test]
     fn cluster_settings_are_checked() {
         assert_one(
-            problems(|c| cluster(c).secret = "short".to_string()),
+            problems(|c| cluster(c).secret = "short".to_string().into()),
             "cluster.secret",
             "at least 16",
         );
@@ -1202,7 +1150,7 @@ secret = "0123456789abcdef"
         let token = |t: Option<&str>| {
             problems(move |c| {
                 c.admin = AdminConfig {
-                    token: t.map(str::to_string),
+                    token: t.map(|t| t.to_string().into()),
                     ..AdminConfig::default()
                 }
             })

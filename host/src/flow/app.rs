@@ -14,8 +14,16 @@ use base64::engine::general_purpose::STANDARD as BASE64;
 use reqwest::header::{HeaderMap, HeaderName, HeaderValue};
 use tokio::sync::Semaphore;
 
+use futures::FutureExt as _;
+use futures::future::BoxFuture;
+use prometheus_client::metrics::counter::Counter;
+use tokio_util::sync::CancellationToken;
+
+use super::dead_letter::Stage;
 use super::headers;
-use super::retry::Attempt;
+use super::retry::{Attempt, Retried, failure_reason, retry};
+use super::target::{Delivery, DeliveryTarget};
+use crate::config::RetryConfig;
 use crate::kafka::{InputRecord, OutputRecord};
 
 /// What the application answered.
@@ -149,6 +157,64 @@ impl AppClient {
             }
         }
         map
+    }
+}
+
+/// The application as a flow's [`DeliveryTarget`]: each call is POSTed and
+/// retried within the flow's retry budget; the answer's body is the
+/// data-return.
+#[derive(Debug)]
+pub struct AppTarget {
+    client: AppClient,
+    retry: RetryConfig,
+    retried: Counter,
+}
+
+impl AppTarget {
+    /// Delivers through `client`, retrying by `retry`; `retried` counts
+    /// each retry (the flow's `wasmrelay_retries_total`).
+    pub fn new(client: AppClient, retry: RetryConfig, retried: Counter) -> Self {
+        AppTarget {
+            client,
+            retry,
+            retried,
+        }
+    }
+}
+
+impl DeliveryTarget for AppTarget {
+    fn deliver<'a>(
+        &'a self,
+        input: &'a InputRecord,
+        call: OutputRecord,
+        abort: &'a CancellationToken,
+    ) -> BoxFuture<'a, Delivery> {
+        async move {
+            let retried = retry(
+                &self.retry,
+                abort,
+                |_| {
+                    self.retried.inc();
+                },
+                || self.client.deliver(input, &call),
+            )
+            .await;
+            match retried {
+                Retried::Success(answer) => {
+                    Delivery::Answered(answer.data_return.into_iter().collect())
+                }
+                Retried::Failed {
+                    error,
+                    attempts,
+                    budget_spent,
+                } => Delivery::Failed {
+                    stage: Stage::App,
+                    reason: failure_reason(&error, attempts, budget_spent),
+                },
+                Retried::Aborted => Delivery::Aborted,
+            }
+        }
+        .boxed()
     }
 }
 

@@ -123,13 +123,10 @@ impl ChainFailure {
     }
 }
 
-/// A plugin's own `err` (and a plugin not loaded yet) is worth a retry; a
-/// trap, timeout or memory cap would fail the same way again.
+/// Retries what the error says may pass on a later call
+/// ([`PluginError::is_retryable`]); gives up on the rest.
 fn classify<T>(label: &str, error: PluginError) -> Attempt<T, ChainFailure> {
-    let retryable = matches!(
-        error,
-        PluginError::Failed { .. } | PluginError::NotLoaded(_) | PluginError::Instantiate { .. }
-    );
+    let retryable = error.is_retryable();
     let failure = ChainFailure::new(label, error.to_string());
     if retryable {
         Attempt::Retry(failure)

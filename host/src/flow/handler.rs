@@ -1,11 +1,11 @@
 //! What a flow does with each consumed record (the [`MessageHandler`] of a
 //! flow's consumer):
 //!
-//! service-call chain → application (HTTP) → data-return chain → output
-//! topic; for a cluster flow, service-call chain → router → the business
-//! process, wherever it is connected (its replies come back as upstream
-//! sends, see [`crate::cluster::upstream`]); for a transform flow (no
-//! target) chain → output topic.
+//! service-call chain → delivery target → data-return chain → output topic.
+//! The target is a [`DeliveryTarget`]: the application over HTTP, or the
+//! business process each message names in the relay cluster (whose replies
+//! come back as upstream sends, not here); a transform flow has no target
+//! (chain → output topic).
 //! Anything that cannot get through goes to the dead-letter topic with the
 //! stage and reason; the input counts as finished only when every record it
 //! caused is acknowledged by Kafka (output or dead letter).
@@ -22,11 +22,10 @@ use futures::future::BoxFuture;
 use rdkafka::error::KafkaError;
 use tokio_util::sync::CancellationToken;
 
-use super::app::AppClient;
 use super::chain::PluginChain;
 use super::dead_letter::{Stage, add_origin_headers, dead_letter_record};
-use super::retry::{Retried, retry};
-use crate::cluster::{ClusterDelivery, DeliveryEnd, ProcessRouter};
+use super::retry::{Retried, failure_reason, retry};
+use super::target::{Delivery, DeliveryEnd, DeliveryTarget};
 use crate::config::RetryConfig;
 use crate::kafka::consumer::{Completion, MessageHandler, Outcome};
 use crate::kafka::producer::Delivered;
@@ -46,8 +45,9 @@ pub struct FlowHandler {
     pub node: String,
     /// Applied to each input.
     pub service_call: PluginChain,
-    /// Where service calls go.
-    pub target: Target,
+    /// Where service calls go; `None`: the flow is a transform (chain
+    /// output to the output topic).
+    pub target: Option<Arc<dyn DeliveryTarget>>,
     /// Applied to each data-return (or transform output).
     pub data_return: PluginChain,
     /// The flow's link: data-returns and dead letters go to its current cluster.
@@ -60,22 +60,6 @@ pub struct FlowHandler {
     pub retry: RetryConfig,
     /// The flow's counters.
     pub metrics: FlowMetrics,
-}
-
-/// Where a flow's service calls go.
-#[derive(Debug)]
-pub enum Target {
-    /// Nowhere: the flow is a transform (chain output to the output topic).
-    Transform,
-    /// The application beside the relay, over HTTP.
-    App(AppClient),
-    /// The business process each message names, in the cluster.
-    Cluster {
-        /// Names the process.
-        router: ProcessRouter,
-        /// Delivers to it.
-        delivery: Arc<ClusterDelivery>,
-    },
 }
 
 /// A cluster delivery in flight: the message and its outcome.
@@ -156,56 +140,23 @@ impl FlowHandler {
 
         let mut deliveries: Vec<PendingDelivery> = Vec::new();
         let returns = match &self.target {
-            Target::Transform => calls,
-            Target::App(app) => {
+            None => calls,
+            Some(target) => {
                 let mut returns = Vec::new();
                 for call in calls {
-                    let retried = retry(
-                        &self.retry,
-                        &abort,
-                        |_| {
-                            self.metrics.retried.inc();
-                        },
-                        || app.deliver(&input, &call),
-                    )
-                    .await;
-                    match retried {
-                        Retried::Success(answer) => {
+                    match target.deliver(&input, call.clone(), &abort).await {
+                        Delivery::Answered(records) => {
                             self.metrics.delivered.inc();
-                            returns.extend(answer.data_return);
+                            returns.extend(records);
                         }
-                        Retried::Failed {
-                            error,
-                            attempts,
-                            budget_spent,
-                        } => {
-                            let reason = failure_reason(&error, attempts, budget_spent);
-                            dead_letters.push(self.dead_letter(call, &input, &Stage::App, &reason));
+                        Delivery::Pending(end) => deliveries.push(PendingDelivery { call, end }),
+                        Delivery::Failed { stage, reason } => {
+                            dead_letters.push(self.dead_letter(call, &input, &stage, &reason));
                         }
-                        Retried::Aborted => return abandoned(),
+                        Delivery::Aborted => return abandoned(),
                     }
                 }
                 returns
-            }
-            Target::Cluster { router, delivery } => {
-                for call in calls {
-                    match router.route(&input, &call).await {
-                        Ok(process_id) => {
-                            let end = delivery
-                                .start(process_id, &input, call.clone(), abort.clone())
-                                .await;
-                            deliveries.push(PendingDelivery { call, end });
-                        }
-                        Err(failure) => dead_letters.push(self.dead_letter(
-                            call,
-                            &input,
-                            &Stage::Route(failure.stage),
-                            &failure.reason,
-                        )),
-                    }
-                }
-                // Replies come back as upstream sends, not here.
-                Vec::new()
             }
         };
 
@@ -388,12 +339,4 @@ enum ChainRun {
     Output(Vec<OutputRecord>),
     DeadLetter(OutputRecord),
     Aborted,
-}
-
-fn failure_reason(error: &str, attempts: u32, budget_spent: bool) -> String {
-    if budget_spent {
-        format!("{error} (retry budget spent after {attempts} attempts)")
-    } else {
-        error.to_string()
-    }
 }

@@ -3,6 +3,7 @@
 //!
 //! - [`handler`]: the per-record pipeline of a flow.
 //! - [`chain`]: a chain of processor plugins.
+//! - [`target`]: the [`DeliveryTarget`] seam: where service calls go.
 //! - [`app`]: HTTP delivery to the application beside the relay.
 //! - [`retry`]: backoff within a budget.
 //! - [`dead_letter`]: dead-letter records and their headers.
@@ -14,5 +15,7 @@ pub mod dead_letter;
 pub mod handler;
 pub mod headers;
 pub mod retry;
+pub mod target;
 
 pub use handler::{FlowHandler, FlowMessageHandler};
+pub use target::{Delivery, DeliveryEnd, DeliveryTarget};

@@ -1,9 +1,10 @@
 //! Retrying with exponential backoff inside a time budget, giving up early
 //! when the work is aborted (shutdown, revoked partition).
 
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use tokio_util::sync::CancellationToken;
+use wasmrelay_protocol::Backoff;
 
 use crate::config::RetryConfig;
 
@@ -36,6 +37,16 @@ pub enum Retried<T, E = String> {
     Aborted,
 }
 
+/// The dead-letter reason of a retried failure: the last error, and the
+/// attempts made when the budget ran out.
+pub(crate) fn failure_reason(error: &str, attempts: u32, budget_spent: bool) -> String {
+    if budget_spent {
+        format!("{error} (retry budget spent after {attempts} attempts)")
+    } else {
+        error.to_string()
+    }
+}
+
 /// Runs `attempt` until it succeeds, gives up, the budget is spent, or
 /// `abort` is cancelled. `on_retry` is called before each wait (for metrics).
 pub async fn retry<T, E, F, Fut>(
@@ -49,7 +60,7 @@ where
     Fut: Future<Output = Attempt<T, E>>,
 {
     let started = Instant::now();
-    let mut backoff = policy.initial_backoff;
+    let mut backoff = Backoff::new(policy.initial_backoff, policy.max_backoff);
     let mut attempts = 0u32;
     loop {
         if abort.is_cancelled() {
@@ -72,7 +83,8 @@ where
             }
             Attempt::Retry(error) => error,
         };
-        if started.elapsed() + backoff > policy.budget {
+        let pause = backoff.next_pause();
+        if started.elapsed() + pause > policy.budget {
             return Retried::Failed {
                 error,
                 attempts,
@@ -83,24 +95,15 @@ where
         tokio::select! {
             biased;
             _ = abort.cancelled() => return Retried::Aborted,
-            _ = tokio::time::sleep(jittered(backoff)) => {}
+            _ = tokio::time::sleep(pause) => {}
         }
-        backoff = (backoff * 2).min(policy.max_backoff);
     }
-}
-
-/// `base` plus up to 20% so that retries of many messages spread out.
-fn jittered(base: Duration) -> Duration {
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.subsec_nanos())
-        .unwrap_or(0);
-    base + base.mul_f64(f64::from(nanos % 200) / 1000.0)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::time::Duration;
 
     fn policy(budget_ms: u64) -> RetryConfig {
         RetryConfig {

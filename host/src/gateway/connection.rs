@@ -119,6 +119,8 @@ pub(crate) async fn serve_connection(
     tracing::debug!(process = %hello.process_id, %peer, client = %hello.client_name, "process registered");
 
     let (sink, mut frames) = framed.split();
+    // Awaited when the connection ends.
+    #[allow(clippy::disallowed_methods)]
     let writer = tokio::spawn(write_frames(sink, outbound_rx, session.clone()));
     let idle_timeout = options.keepalive * 3;
     let sends = Arc::new(Semaphore::new(options.max_unacked));
@@ -210,12 +212,12 @@ async fn handle_frame(
             let seq = send.seq;
             let upstream = gateway.upstream().send(session.process_id(), send);
             let session = session.clone();
-            tokio::spawn(async move {
+            gateway.send_tasks().spawn(async move {
                 let result = upstream.await;
                 drop(permit);
                 let (ok, error) = match result {
                     Ok(()) => (true, String::new()),
-                    Err(error) => (false, error),
+                    Err(error) => (false, error.to_string()),
                 };
                 session.send_frame(Frame::of(Kind::SendAck(v1::SendAck { seq, ok, error })));
             });

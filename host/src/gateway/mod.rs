@@ -25,6 +25,7 @@ use futures::future::BoxFuture;
 use tokio::net::TcpListener;
 use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
 use wasmrelay_protocol::v1;
 
 pub use session::{DeliverError, DeliveryResult, Ending, Session};
@@ -68,8 +69,47 @@ impl Default for GatewayOptions {
 /// Where upstream sends of processes go (the cluster flow's data-return
 /// chain and output topic). Resolves when the message is safely in Kafka.
 pub trait Upstream: Send + Sync + 'static {
-    /// Handles one `Send` of `process_id`; `Err` is the reason sent back.
-    fn send(&self, process_id: &str, send: v1::Send) -> BoxFuture<'static, Result<(), String>>;
+    /// Handles one `Send` of `process_id`; the error's text is the reason
+    /// sent back in the `SendAck`.
+    fn send(
+        &self,
+        process_id: &str,
+        send: v1::Send,
+    ) -> BoxFuture<'static, Result<(), UpstreamError>>;
+}
+
+/// Why an upstream send was not taken.
+#[derive(Debug, thiserror::Error)]
+pub enum UpstreamError {
+    /// A data-return plugin failed in a way that may pass later: the
+    /// process may send again.
+    #[error("data-return plugin {plugin} failed, send again later: {reason}")]
+    PluginFailed {
+        /// The plugin version, `name@sha256`.
+        plugin: String,
+        /// What went wrong.
+        reason: String,
+    },
+    /// A data-return plugin refused the message (a dead-letter verdict or
+    /// a fault that would repeat).
+    #[error("data-return plugin {plugin} refused the message: {reason}")]
+    PluginRefused {
+        /// The plugin version, `name@sha256`.
+        plugin: String,
+        /// Why.
+        reason: String,
+    },
+    /// Kafka did not take the record.
+    #[error("producing to `{topic}`: {source}")]
+    Produce {
+        /// The output topic.
+        topic: String,
+        /// librdkafka's error.
+        source: rdkafka::error::KafkaError,
+    },
+    /// The upstream refused it for its own reason.
+    #[error("{0}")]
+    Refused(String),
 }
 
 /// A change in which processes are registered here.
@@ -128,6 +168,9 @@ pub struct Gateway {
     upstream: Arc<dyn Upstream>,
     events: Option<mpsc::UnboundedSender<RegistrationEvent>>,
     stats: GatewayStats,
+    /// Upstream sends waiting for Kafka's acknowledgement (their answer
+    /// goes back to the process); [`Gateway::serve`] waits for them.
+    sends: TaskTracker,
 }
 
 impl std::fmt::Debug for Gateway {
@@ -154,6 +197,7 @@ impl Gateway {
             upstream,
             events,
             stats: GatewayStats::default(),
+            sends: TaskTracker::new(),
         })
     }
 
@@ -172,6 +216,13 @@ impl Gateway {
             },
         )
         .await;
+        self.sends.close();
+        self.sends.wait().await;
+    }
+
+    /// Where the tasks that wait for an upstream send's acknowledgement run.
+    pub(crate) fn send_tasks(&self) -> &TaskTracker {
+        &self.sends
     }
 
     /// Hands a message to the process `process_id` connected here, in order

@@ -73,8 +73,7 @@ pub async fn ensure_topics(
         return Ok(());
     }
     let admin: Admin = Arc::new(
-        link.admin_config()
-            .create()
+        link.create(&link.admin_config())
             .context("creating a Kafka admin client")?,
     );
     let names: Vec<String> = topics.iter().map(|t| t.name.clone()).collect();

@@ -22,6 +22,7 @@ use rdkafka::error::KafkaResult;
 use rdkafka::{ClientContext, Offset, TopicPartitionList};
 use tokio::sync::{Semaphore, mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
 
 use super::link::LinkInfo;
 use super::offsets::PartitionOffsets;
@@ -123,6 +124,9 @@ struct Shared {
     handler: Arc<dyn MessageHandler>,
     options: ConsumerOptions,
     runtime: tokio::runtime::Handle,
+    /// The partition workers and the tasks awaiting their completions;
+    /// [`PartitionedConsumer::join`] waits for them.
+    tasks: TaskTracker,
     lanes: Mutex<HashMap<i32, Lane>>,
     offsets: Mutex<HashMap<i32, PartitionOffsets>>,
     finished_tx: mpsc::UnboundedSender<(i32, i64)>,
@@ -196,6 +200,7 @@ impl PartitionedConsumer {
             runtime: tokio::runtime::Handle::try_current()
                 .context("the consumer must be started inside a tokio runtime")?,
             options: options.clone(),
+            tasks: TaskTracker::new(),
             lanes: Mutex::new(HashMap::new()),
             offsets: Mutex::new(HashMap::new()),
             finished_tx,
@@ -204,10 +209,12 @@ impl PartitionedConsumer {
             positions: Mutex::new(HashMap::new()),
         });
         let consumer: RelayBaseConsumer = link
-            .consumer_config(group, options.commit_interval)
-            .create_with_context(RelayConsumerContext {
-                shared: shared.clone(),
-            })
+            .create_with_context(
+                &link.consumer_config(group, options.commit_interval),
+                RelayConsumerContext {
+                    shared: shared.clone(),
+                },
+            )
             .with_context(|| format!("creating a Kafka consumer for {}", link.bootstrap_servers))?;
         consumer
             .subscribe(&[topic])
@@ -246,7 +253,11 @@ impl PartitionedConsumer {
 
     /// Waits until the consumer has drained, committed and closed.
     pub async fn join(self) -> ConsumerReport {
-        self.done.await.unwrap_or_default()
+        let report = self.done.await.unwrap_or_default();
+        // Workers of abandoned partitions end once their aborted work has.
+        self.shared.tasks.close();
+        self.shared.tasks.wait().await;
+        report
     }
 }
 
@@ -339,39 +350,43 @@ impl Shared {
         ));
         let handler = self.handler.clone();
         let finished_tx = self.finished_tx.clone();
+        let completions = self.tasks.clone();
         let (worker_queued, worker_active, worker_stop, worker_abort) = (
             queued.clone(),
             active.clone(),
             stop_taking.clone(),
             abort.clone(),
         );
-        self.runtime.spawn(async move {
-            loop {
-                let record = tokio::select! {
-                    biased;
-                    _ = worker_stop.cancelled() => break,
-                    record = rx.recv() => match record {
-                        Some(record) => record,
-                        None => break,
-                    },
-                };
-                worker_queued.fetch_sub(1, Ordering::Relaxed);
-                let Ok(permit) = pending.clone().acquire_owned().await else {
-                    break;
-                };
-                worker_active.fetch_add(1, Ordering::Relaxed);
-                let offset = record.offset;
-                let completion = handler.handle(record, worker_abort.clone()).await;
-                let (finished_tx, active) = (finished_tx.clone(), worker_active.clone());
-                tokio::spawn(async move {
-                    if completion.await == Outcome::Finished {
-                        let _ = finished_tx.send((partition, offset));
-                    }
-                    active.fetch_sub(1, Ordering::Relaxed);
-                    drop(permit);
-                });
-            }
-        });
+        self.tasks.spawn_on(
+            async move {
+                loop {
+                    let record = tokio::select! {
+                        biased;
+                        _ = worker_stop.cancelled() => break,
+                        record = rx.recv() => match record {
+                            Some(record) => record,
+                            None => break,
+                        },
+                    };
+                    worker_queued.fetch_sub(1, Ordering::Relaxed);
+                    let Ok(permit) = pending.clone().acquire_owned().await else {
+                        break;
+                    };
+                    worker_active.fetch_add(1, Ordering::Relaxed);
+                    let offset = record.offset;
+                    let completion = handler.handle(record, worker_abort.clone()).await;
+                    let (finished_tx, active) = (finished_tx.clone(), worker_active.clone());
+                    completions.spawn(async move {
+                        if completion.await == Outcome::Finished {
+                            let _ = finished_tx.send((partition, offset));
+                        }
+                        active.fetch_sub(1, Ordering::Relaxed);
+                        drop(permit);
+                    });
+                }
+            },
+            &self.runtime,
+        );
         Lane {
             tx,
             queued,

@@ -8,6 +8,10 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use rdkafka::ClientConfig;
+use rdkafka::client::ClientContext;
+use rdkafka::config::{FromClientConfig, FromClientConfigAndContext};
+
+use crate::config::{REDACTED, Secret, redact};
 
 /// librdkafka properties the relay sets itself.
 pub const MANAGED_PROPERTIES: &[&str] = &[
@@ -20,7 +24,11 @@ pub const MANAGED_PROPERTIES: &[&str] = &[
 ];
 
 /// Where a Kafka cluster is and how to talk to it.
-#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+///
+/// Secret property values (see [`is_secret`]) never leave it in clear:
+/// `Debug` and `Serialize` show them as `***`, and errors of librdkafka
+/// clients made through [`LinkInfo::create`] have them scrubbed.
+#[derive(Clone, PartialEq, Eq)]
 pub struct LinkInfo {
     /// `host:port,host:port`.
     pub bootstrap_servers: String,
@@ -28,10 +36,39 @@ pub struct LinkInfo {
     pub options: BTreeMap<String, String>,
 }
 
-/// Property names whose values are secrets, redacted wherever link info is shown.
-fn is_secret(property: &str) -> bool {
+/// Property names whose values are secrets, redacted wherever link info is
+/// shown: passwords, secrets, tokens, private keys (`ssl.key.pem`,
+/// `*.key`), and the SASL configs that embed credentials.
+pub fn is_secret(property: &str) -> bool {
     let p = property.to_ascii_lowercase();
-    p.contains("password") || p.contains("secret") || p.ends_with(".key") || p.contains("token")
+    p.contains("password")
+        || p.contains("secret")
+        || p.contains("token")
+        || p.ends_with(".key")
+        || p.starts_with("ssl.key")
+        || p == "sasl.oauthbearer.config"
+        || p == "sasl.jaas.config"
+}
+
+impl std::fmt::Debug for LinkInfo {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let shown = self.redacted();
+        f.debug_struct("LinkInfo")
+            .field("bootstrap_servers", &shown.bootstrap_servers)
+            .field("options", &shown.options)
+            .finish()
+    }
+}
+
+impl serde::Serialize for LinkInfo {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeStruct as _;
+        let shown = self.redacted();
+        let mut out = serializer.serialize_struct("LinkInfo", 2)?;
+        out.serialize_field("bootstrap_servers", &shown.bootstrap_servers)?;
+        out.serialize_field("options", &shown.options)?;
+        out.end()
+    }
 }
 
 impl LinkInfo {
@@ -53,8 +90,14 @@ impl LinkInfo {
                 serde_json::Value::Number(n) => n.to_string(),
                 serde_json::Value::Bool(b) => b.to_string(),
                 other => {
+                    // A secret's value is not quoted, even a malformed one.
+                    let got = if is_secret(&key) {
+                        REDACTED.to_string()
+                    } else {
+                        other.to_string()
+                    };
                     return Err(format!(
-                        "`{key}`: expected text, a number or a boolean, got {other}"
+                        "`{key}`: expected text, a number or a boolean, got {got}"
                     ));
                 }
             };
@@ -77,6 +120,40 @@ impl LinkInfo {
         })
     }
 
+    /// The values of the secret properties.
+    pub fn secrets(&self) -> Vec<Secret> {
+        self.options
+            .iter()
+            .filter(|(k, _)| is_secret(k))
+            .map(|(_, v)| Secret::new(v.clone()))
+            .collect()
+    }
+
+    /// `text` with this link's secret values replaced by `***`.
+    pub fn redact(&self, text: &str) -> String {
+        redact(text, &self.secrets())
+    }
+
+    /// Creates a librdkafka client from `config` (one of this info's
+    /// configs). librdkafka's error text may quote property values: it is
+    /// scrubbed of this link's secrets.
+    pub fn create<T: FromClientConfig>(&self, config: &ClientConfig) -> anyhow::Result<T> {
+        config
+            .create()
+            .map_err(|e| anyhow::anyhow!("{}", self.redact(&e.to_string())))
+    }
+
+    /// [`LinkInfo::create`] with a client context.
+    pub fn create_with_context<C, T>(&self, config: &ClientConfig, context: C) -> anyhow::Result<T>
+    where
+        C: ClientContext,
+        T: FromClientConfigAndContext<C>,
+    {
+        config
+            .create_with_context(context)
+            .map_err(|e| anyhow::anyhow!("{}", self.redact(&e.to_string())))
+    }
+
     /// The same info with secret values replaced by `***`.
     pub fn redacted(&self) -> LinkInfo {
         LinkInfo {
@@ -86,7 +163,7 @@ impl LinkInfo {
                 .iter()
                 .map(|(k, v)| {
                     let shown = if is_secret(k) {
-                        "***".to_string()
+                        REDACTED.to_string()
                     } else {
                         v.clone()
                     };
@@ -194,6 +271,52 @@ mod tests {
             let error = LinkInfo::from_center_value(value).unwrap_err();
             assert!(error.contains(expected), "{value}: {error}");
         }
+    }
+
+    #[test]
+    fn client_errors_never_show_secret_values() {
+        // librdkafka (through rdkafka) quotes a refused property's value;
+        // `ssl.key.password` is refused by a build without OpenSSL.
+        let info = LinkInfo {
+            bootstrap_servers: "127.0.0.1:1".into(),
+            options: BTreeMap::from([
+                ("ssl.key.password".to_string(), "Sup3r-secret-1".to_string()),
+                ("sasl.password".to_string(), "Sup3r-secret-2".to_string()),
+            ]),
+        };
+        let raw = info
+            .producer_config()
+            .create::<rdkafka::producer::BaseProducer>()
+            .err()
+            .map(|e| e.to_string())
+            .unwrap_or_default();
+        assert!(
+            raw.contains("Sup3r-secret-1"),
+            "the raw error no longer quotes the value; pick another refused secret property: {raw}"
+        );
+        let error = info
+            .create::<rdkafka::producer::BaseProducer>(&info.producer_config())
+            .err()
+            .map(|e| format!("{e:#}"))
+            .unwrap_or_default();
+        assert!(error.contains("ssl.key.password"), "{error}");
+        assert!(!error.contains("Sup3r-secret"), "{error}");
+        assert!(!format!("{info:?}").contains("Sup3r-secret"));
+        assert!(
+            !serde_json::to_string(&info)
+                .unwrap_or_default()
+                .contains("Sup3r-secret")
+        );
+    }
+
+    #[test]
+    fn a_malformed_secret_in_a_center_value_is_not_quoted() {
+        let error = LinkInfo::from_center_value(
+            r#"{"bootstrap.servers": "k:1", "sasl.password": ["Sup3r-secret"]}"#,
+        )
+        .unwrap_err();
+        assert!(error.contains("`sasl.password`"), "{error}");
+        assert!(!error.contains("Sup3r-secret"), "{error}");
     }
 
     #[test]

@@ -40,8 +40,7 @@ impl RelayProducer {
     /// Creates a producer for a link (it connects lazily).
     pub fn new(link: &LinkInfo) -> anyhow::Result<Self> {
         let inner: FutureProducer = link
-            .producer_config()
-            .create()
+            .create(&link.producer_config())
             .with_context(|| format!("creating a Kafka producer for {}", link.bootstrap_servers))?;
         Ok(RelayProducer { inner })
     }

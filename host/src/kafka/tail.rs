@@ -89,10 +89,13 @@ impl TopicTail {
             .set("enable.auto.commit", "false")
             .set("enable.auto.offset.store", "false")
             .set("enable.partition.eof", "true");
-        let consumer: TailConsumer = config
-            .create_with_context(TailContext {
-                topic: topic.to_string(),
-            })
+        let consumer: TailConsumer = info
+            .create_with_context(
+                &config,
+                TailContext {
+                    topic: topic.to_string(),
+                },
+            )
             .with_context(|| format!("creating a reader of `{topic}`"))?;
         let metadata = consumer
             .fetch_metadata(Some(topic), Duration::from_secs(10))

@@ -16,6 +16,7 @@ use rdkafka::consumer::{BaseConsumer, Consumer as _};
 use rdkafka::{Offset, TopicPartitionList};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
 
 use super::runner::{FlowRunner, RunningConsumer};
 use super::{KafkaLink, LinkGeneration, SwitchRecord};
@@ -37,6 +38,8 @@ pub struct SwitchOptions {
     pub base_options: std::collections::BTreeMap<String, String>,
     /// Where switches and refusals are counted.
     pub metrics: Arc<RelayMetrics>,
+    /// The node's tasks: the drain of an old cluster runs on it.
+    pub tasks: TaskTracker,
 }
 
 /// Follows `center` for `link` until `shutdown`.
@@ -163,7 +166,7 @@ async fn switch(
     let link = link.clone();
     let drain_timeout = options.drain_timeout;
     let shutdown = shutdown.clone();
-    tokio::spawn(async move {
+    options.tasks.spawn(async move {
         let (mut drained, mut left, mut timed_out) = (0u64, Some(0u64), false);
         for (flow, consumer, marks) in drains {
             let report = drain(consumer, marks, drain_timeout, &shutdown).await;
@@ -196,7 +199,9 @@ async fn switch(
 
 /// Asks the cluster for its metadata.
 async fn probe(info: &LinkInfo, timeout: Duration) -> anyhow::Result<()> {
-    let consumer: BaseConsumer = info.admin_config().create().context("creating a client")?;
+    let consumer: BaseConsumer = info
+        .create(&info.admin_config())
+        .context("creating a client")?;
     tokio::task::spawn_blocking(move || consumer.fetch_metadata(None, timeout).map(|_| ()))
         .await
         .context("probe task")?
@@ -213,7 +218,7 @@ async fn old_cluster_marks(info: &LinkInfo, topic: &str, group: &str, timeout: D
     config
         .set("group.id", group)
         .set("enable.auto.commit", "false");
-    let consumer: BaseConsumer = config.create().ok()?;
+    let consumer: BaseConsumer = info.create(&config).ok()?;
     let topic = topic.to_string();
     tokio::task::spawn_blocking(move || {
         let metadata = consumer.fetch_metadata(Some(&topic), timeout).ok()?;

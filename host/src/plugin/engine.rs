@@ -5,10 +5,10 @@
 //! allocator with an on-demand fallback), the epoch ticker thread that makes
 //! call deadlines work, the limits every instance runs under, and the linker
 //! (the `host` interface plus WASI p2 with a context that grants nothing).
-//! Loading a plugin version is in [`super::version`]; swapping versions is in
-//! [`super::registry`].
+//! A leaf of the plugin module: it knows nothing of versions. Loading a
+//! plugin version is in [`super::version`] (which adds
+//! `PluginRuntime::load_file`); swapping versions is in [`super::registry`].
 
-use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -16,9 +16,7 @@ use wasmtime::component::{HasSelf, Linker};
 use wasmtime::{Config, Engine, InstanceAllocationStrategy, PoolingAllocationConfig};
 
 use super::bindings;
-use super::error::{PluginError, World};
-use super::state::{HostState, PluginConfig};
-use super::version::PluginVersion;
+use super::state::HostState;
 
 /// How often the epoch ticker advances the engine's epoch. Deadlines are
 /// rounded up to whole ticks, so this is also the precision of a deadline.
@@ -127,45 +125,6 @@ impl PluginRuntime {
     /// Whether the pooling allocator is in use (false: on-demand fallback).
     pub fn uses_pooling_allocator(&self) -> bool {
         self.inner.pooling
-    }
-
-    /// Compiles, links and instantiates a plugin file. This blocks for as
-    /// long as compilation takes (up to seconds): call it off the async
-    /// workers, or use [`PluginRuntime::load_file_async`].
-    ///
-    /// `expected` is the world the caller needs; `None` accepts either and
-    /// tells which one the component implements.
-    pub fn load_file(
-        &self,
-        name: &str,
-        path: &Path,
-        config: Arc<PluginConfig>,
-        expected: Option<World>,
-    ) -> Result<PluginVersion, PluginError> {
-        let bytes = std::fs::read(path).map_err(|e| PluginError::Load {
-            file: path.to_path_buf(),
-            cause: format!("reading the file: {e}"),
-        })?;
-        PluginVersion::load(self.clone(), name, path, &bytes, config, expected)
-    }
-
-    /// [`PluginRuntime::load_file`] on tokio's blocking pool.
-    pub async fn load_file_async(
-        &self,
-        name: &str,
-        path: &Path,
-        config: Arc<PluginConfig>,
-        expected: Option<World>,
-    ) -> Result<PluginVersion, PluginError> {
-        let runtime = self.clone();
-        let name = name.to_string();
-        let path_buf = path.to_path_buf();
-        tokio::task::spawn_blocking(move || runtime.load_file(&name, &path_buf, config, expected))
-            .await
-            .map_err(|e| PluginError::Load {
-                file: path.to_path_buf(),
-                cause: format!("the compile task failed: {e}"),
-            })?
     }
 }
 

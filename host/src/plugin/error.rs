@@ -166,6 +166,24 @@ impl PluginError {
         }
     }
 
+    /// Whether calling again may succeed: a plugin's own `err`, a plugin
+    /// not loaded yet, or an instance that could not be created (the pool
+    /// was full) are worth a retry; a trap, a timeout, the memory cap, a
+    /// broken contract or the wrong world would fail the same way again.
+    pub fn is_retryable(&self) -> bool {
+        match self {
+            PluginError::Failed { .. }
+            | PluginError::NotLoaded(_)
+            | PluginError::Instantiate { .. } => true,
+            PluginError::Load { .. }
+            | PluginError::Timeout { .. }
+            | PluginError::MemoryLimit { .. }
+            | PluginError::Trap { .. }
+            | PluginError::Contract { .. }
+            | PluginError::WrongWorld { .. } => false,
+        }
+    }
+
     /// A short machine-readable kind, used in metrics labels and dead-letter headers.
     pub fn kind(&self) -> &'static str {
         match self {

@@ -23,6 +23,49 @@ use super::engine::{EPOCH_TICK, PluginRuntime};
 use super::error::{PluginError, VersionLabel, World};
 use super::state::{HostState, InstanceIdentity, PluginConfig};
 
+/// Loading files: here rather than in [`super::engine`], so that the engine
+/// stays a leaf that knows nothing of versions.
+impl PluginRuntime {
+    /// Compiles, links and instantiates a plugin file. This blocks for as
+    /// long as compilation takes (up to seconds): call it off the async
+    /// workers, or use [`PluginRuntime::load_file_async`].
+    ///
+    /// `expected` is the world the caller needs; `None` accepts either and
+    /// tells which one the component implements.
+    pub fn load_file(
+        &self,
+        name: &str,
+        path: &Path,
+        config: Arc<PluginConfig>,
+        expected: Option<World>,
+    ) -> Result<PluginVersion, PluginError> {
+        let bytes = std::fs::read(path).map_err(|e| PluginError::Load {
+            file: path.to_path_buf(),
+            cause: format!("reading the file: {e}"),
+        })?;
+        PluginVersion::load(self.clone(), name, path, &bytes, config, expected)
+    }
+
+    /// [`PluginRuntime::load_file`] on tokio's blocking pool.
+    pub async fn load_file_async(
+        &self,
+        name: &str,
+        path: &Path,
+        config: Arc<PluginConfig>,
+        expected: Option<World>,
+    ) -> Result<PluginVersion, PluginError> {
+        let runtime = self.clone();
+        let name = name.to_string();
+        let path_buf = path.to_path_buf();
+        tokio::task::spawn_blocking(move || runtime.load_file(&name, &path_buf, config, expected))
+            .await
+            .map_err(|e| PluginError::Load {
+                file: path.to_path_buf(),
+                cause: format!("the compile task failed: {e}"),
+            })?
+    }
+}
+
 /// A plugin version ready to be called from any thread.
 pub struct PluginVersion {
     identity: Arc<InstanceIdentity>,

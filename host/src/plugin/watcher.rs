@@ -12,8 +12,8 @@ use std::time::Duration;
 use anyhow::Context as _;
 use notify::{RecursiveMode, Watcher as _};
 use tokio::sync::mpsc;
-use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
 
 use super::registry::PluginRegistry;
 
@@ -35,13 +35,14 @@ impl Default for WatchOptions {
     }
 }
 
-/// Starts watching the registry's directory; the task ends when `shutdown`
-/// is cancelled. Fails if the directory cannot be watched.
+/// Starts watching the registry's directory on `tasks`; the task ends when
+/// `shutdown` is cancelled. Fails if the directory cannot be watched.
 pub fn spawn_plugin_watcher(
     registry: Arc<PluginRegistry>,
     options: WatchOptions,
+    tasks: &TaskTracker,
     shutdown: CancellationToken,
-) -> anyhow::Result<JoinHandle<()>> {
+) -> anyhow::Result<()> {
     let (events_tx, mut events_rx) = mpsc::channel::<()>(1);
     let mut watcher = notify::recommended_watcher(move |event: notify::Result<notify::Event>| {
         match event {
@@ -58,7 +59,7 @@ pub fn spawn_plugin_watcher(
         .watch(registry.dir(), RecursiveMode::NonRecursive)
         .with_context(|| format!("watching plugin directory {}", registry.dir().display()))?;
 
-    Ok(tokio::spawn(async move {
+    tasks.spawn(async move {
         // The watcher stops when dropped: keep it for the task's lifetime.
         let _watcher = watcher;
         let mut rescan = tokio::time::interval(options.rescan_interval);
@@ -82,5 +83,6 @@ pub fn spawn_plugin_watcher(
                 tracing::debug!(added = ?report.added, swapped = ?report.swapped, "plugin directory rescanned");
             }
         }
-    }))
+    });
+    Ok(())
 }

@@ -18,8 +18,11 @@ pub enum LogFormat {
 /// Installs the global subscriber. Safe to call once per process.
 pub fn init(format: LogFormat) {
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+    // Colours only on a terminal: a log file or a collector gets plain text.
+    let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
+        .with_ansi(ansi)
         .with_writer(std::io::stderr);
     let installed = match format {
         LogFormat::Text => builder.try_init(),

@@ -7,6 +7,7 @@ use std::time::Duration;
 use support::etcd::Etcd;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
 use wasmrelay::center::etcd::{EtcdCenterOptions, start};
 use wasmrelay::center::{CenterState, Reachability};
 
@@ -56,7 +57,8 @@ async fn reads_the_prefix_then_follows_puts_and_deletes() {
     etcd.put("/wasmrelay/kafka.main", " one \n").await;
     etcd.put("/other/kafka.main", "not ours").await;
     let shutdown = CancellationToken::new();
-    let center = start(options(&etcd), shutdown.clone());
+    let tasks = TaskTracker::new();
+    let center = start(options(&etcd), &tasks, shutdown.clone());
     let mut state = center.subscribe();
 
     let first = wait_until(&mut state, "the first read", |s| {
@@ -84,7 +86,9 @@ async fn reads_the_prefix_then_follows_puts_and_deletes() {
     })
     .await;
     shutdown.cancel();
-    center.join().await;
+    drop(center);
+    tasks.close();
+    tasks.wait().await;
 }
 
 #[tokio::test]
@@ -92,7 +96,8 @@ async fn etcd_down_keeps_the_last_values_and_a_change_after_it_is_back_is_seen()
     let mut etcd = Etcd::start();
     etcd.put("/wasmrelay/kafka.main", "one").await;
     let shutdown = CancellationToken::new();
-    let center = start(options(&etcd), shutdown.clone());
+    let tasks = TaskTracker::new();
+    let center = start(options(&etcd), &tasks, shutdown.clone());
     let mut state = center.subscribe();
     wait_until(&mut state, "the first read", |s| {
         s.kafka_link("main") == Some("one")
@@ -114,7 +119,9 @@ async fn etcd_down_keeps_the_last_values_and_a_change_after_it_is_back_is_seen()
     .await;
     assert_eq!(back.reachability, Reachability::Reachable);
     shutdown.cancel();
-    center.join().await;
+    drop(center);
+    tasks.close();
+    tasks.wait().await;
 }
 
 #[tokio::test]
@@ -123,7 +130,8 @@ async fn a_center_started_before_etcd_reads_it_once_it_answers() {
     etcd.put("/wasmrelay/kafka.main", "one").await;
     etcd.stop();
     let shutdown = CancellationToken::new();
-    let center = start(options(&etcd), shutdown.clone());
+    let tasks = TaskTracker::new();
+    let center = start(options(&etcd), &tasks, shutdown.clone());
     let mut state = center.subscribe();
     let initial = state.borrow_and_update().clone();
     assert!(
@@ -138,5 +146,7 @@ async fn a_center_started_before_etcd_reads_it_once_it_answers() {
     })
     .await;
     shutdown.cancel();
-    center.join().await;
+    drop(center);
+    tasks.close();
+    tasks.wait().await;
 }

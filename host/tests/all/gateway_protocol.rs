@@ -14,7 +14,7 @@ use tokio::io::AsyncWriteExt as _;
 use tokio::net::TcpStream;
 use tokio_util::codec::Framed;
 use tokio_util::sync::CancellationToken;
-use wasmrelay::gateway::{DeliveryResult, Gateway, GatewayOptions, Upstream};
+use wasmrelay::gateway::{DeliveryResult, Gateway, GatewayOptions, Upstream, UpstreamError};
 use wasmrelay_protocol::v1::{self, ErrorCode};
 use wasmrelay_protocol::{Frame, FrameCodec, Kind};
 
@@ -27,12 +27,16 @@ struct CountingUpstream {
 }
 
 impl Upstream for CountingUpstream {
-    fn send(&self, _process_id: &str, send: v1::Send) -> BoxFuture<'static, Result<(), String>> {
+    fn send(
+        &self,
+        _process_id: &str,
+        send: v1::Send,
+    ) -> BoxFuture<'static, Result<(), UpstreamError>> {
         self.sends.fetch_add(1, Ordering::Relaxed);
         let fail = send.value.as_ref() == b"fail";
         async move {
             if fail {
-                Err("refused by the test".to_string())
+                Err(UpstreamError::Refused("refused by the test".to_string()))
             } else {
                 Ok(())
             }

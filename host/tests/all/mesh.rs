@@ -18,7 +18,7 @@ use tokio::task::JoinHandle;
 use tokio_util::codec::Framed;
 use tokio_util::sync::CancellationToken;
 use wasmrelay::cluster::mesh::{ForwardOutcome, Mesh, MeshError, MeshOptions};
-use wasmrelay::gateway::{Gateway, GatewayOptions, Upstream};
+use wasmrelay::gateway::{Gateway, GatewayOptions, Upstream, UpstreamError};
 use wasmrelay_protocol::mesh_auth::{hello_mac, verify_welcome, welcome_mac};
 use wasmrelay_protocol::v1::{self, ErrorCode};
 use wasmrelay_protocol::{Frame, FrameCodec, Kind};
@@ -31,8 +31,17 @@ const MAX_FRAME: usize = 64 * 1024;
 struct NoUpstream;
 
 impl Upstream for NoUpstream {
-    fn send(&self, _process_id: &str, _send: v1::Send) -> BoxFuture<'static, Result<(), String>> {
-        async { Err("no upstream in this test".to_string()) }.boxed()
+    fn send(
+        &self,
+        _process_id: &str,
+        _send: v1::Send,
+    ) -> BoxFuture<'static, Result<(), UpstreamError>> {
+        async {
+            Err(UpstreamError::Refused(
+                "no upstream in this test".to_string(),
+            ))
+        }
+        .boxed()
     }
 }
 

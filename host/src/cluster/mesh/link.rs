@@ -22,7 +22,7 @@ use tokio_util::codec::Framed;
 use tokio_util::sync::CancellationToken;
 use wasmrelay_protocol::mesh_auth::{hello_mac, verify_welcome};
 use wasmrelay_protocol::v1::{self, ErrorCode, ForwardResult};
-use wasmrelay_protocol::{CodecError, Frame, FrameCodec, Kind, PROTOCOL_VERSION};
+use wasmrelay_protocol::{Backoff, CodecError, Frame, FrameCodec, Kind, PROTOCOL_VERSION};
 
 use super::wire::{self, Conn};
 use super::{ForwardOutcome, MeshError, MeshOptions, MeshStats, Shared, bump, keepalive, now_ms};
@@ -239,17 +239,17 @@ impl Closing {
 pub(super) async fn supervise(shared: Arc<Shared>, slot: Arc<PeerSlot>) {
     let options = &shared.options;
     let (initial_backoff, max_backoff) = options.reconnect_backoff;
-    let mut backoff = initial_backoff;
+    let mut backoff = Backoff::new(initial_backoff, max_backoff);
     let mut failures = 0u32;
     loop {
         let dialed = tokio::select! {
             _ = slot.stop.cancelled() => break,
             dialed = dial(options, &slot) => dialed,
         };
-        match dialed {
+        let retry_in = match dialed {
             Ok(conn) => {
                 failures = 0;
-                backoff = initial_backoff;
+                backoff.reset();
                 bump(&shared.stats.links_established);
                 tracing::info!(peer = %slot.node_id, addr = %slot.addr, "mesh link up");
                 let reason = run(&shared, &slot, conn).await;
@@ -259,9 +259,11 @@ pub(super) async fn supervise(shared: Arc<Shared>, slot: Arc<PeerSlot>) {
                     break;
                 }
                 tracing::warn!(peer = %slot.node_id, addr = %slot.addr, %reason, "mesh link broken; dialing again");
+                backoff.next_pause()
             }
             Err(error) => {
                 failures += 1;
+                let retry_in = backoff.next_pause();
                 bump(&shared.stats.dial_failures);
                 match &error {
                     DialError::Unauthorized(_) => bump(&shared.stats.unauthorized),
@@ -272,17 +274,17 @@ pub(super) async fn supervise(shared: Arc<Shared>, slot: Arc<PeerSlot>) {
                 }
                 // Loud on the first failure and now and then after.
                 if failures == 1 || failures.is_multiple_of(30) {
-                    tracing::warn!(peer = %slot.node_id, addr = %slot.addr, %error, failures, retry_in = ?backoff, "dialing a mesh peer failed");
+                    tracing::warn!(peer = %slot.node_id, addr = %slot.addr, %error, failures, ?retry_in, "dialing a mesh peer failed");
                 } else {
-                    tracing::debug!(peer = %slot.node_id, addr = %slot.addr, %error, failures, retry_in = ?backoff, "dialing a mesh peer failed");
+                    tracing::debug!(peer = %slot.node_id, addr = %slot.addr, %error, failures, ?retry_in, "dialing a mesh peer failed");
                 }
+                retry_in
             }
-        }
+        };
         tokio::select! {
             _ = slot.stop.cancelled() => break,
-            _ = tokio::time::sleep(backoff) => {}
+            _ = tokio::time::sleep(retry_in) => {}
         }
-        backoff = (backoff * 2).min(max_backoff);
     }
 }
 
@@ -357,6 +359,8 @@ async fn run(shared: &Shared, slot: &PeerSlot, conn: Conn) -> String {
     let (queue, queue_rx) = mpsc::channel(options.link_queue.max(1));
     let link = Arc::new(Link::new(&slot.node_id, queue, options));
     let (sink, mut frames) = conn.split();
+    // Awaited when the link ends.
+    #[allow(clippy::disallowed_methods)]
     let writer = tokio::spawn(wire::write_frames(sink, queue_rx, link.closed.clone()));
     slot.set_link(link.clone());
     shared.publish_linked();

@@ -131,12 +131,16 @@ async fn serve_link(
     let (sink, mut frames) = conn.split();
     let (queue, queue_rx) = mpsc::channel(options.link_queue.max(1));
     let closed = CancellationToken::new();
+    // Both handles are kept: the writer is awaited and the dispatcher
+    // aborted when the link ends.
+    #[allow(clippy::disallowed_methods)]
     let writer = tokio::spawn(wire::write_frames(sink, queue_rx, closed.clone()));
     // Forwards go to the gateway in arrival order on a task of their own,
     // which may wait for a busy process's capacity without stopping this
     // loop (pings, other answers); the answers come back here to be sent.
     let (dispatch, dispatch_rx) = mpsc::channel::<v1::Forward>(options.link_queue.max(1));
     let (answers_tx, mut pending_answers) = mpsc::unbounded_channel::<BoxFuture<'static, Frame>>();
+    #[allow(clippy::disallowed_methods)]
     let dispatcher = tokio::spawn(dispatch_forwards(mesh.clone(), dispatch_rx, answers_tx));
     let mut answers: FuturesUnordered<BoxFuture<'static, Frame>> = FuturesUnordered::new();
     let idle_timeout = keepalive(&options) * 3;

@@ -1,0 +1,153 @@
+//! The node's flows at start: the cluster runtime (started once, for the
+//! one flow that delivers to the cluster), and for every flow its chains,
+//! its delivery target and the runner of its consumer (not started yet).
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context as _;
+use tokio_util::sync::CancellationToken;
+
+use crate::cluster::{
+    ClusterDelivery, ClusterListeners, ClusterRuntime, ClusterTarget, DeliveryPolicy, FlowUpstream,
+    ProcessRouter,
+};
+use crate::config::{ClusterConfig, DeliverConfig, FlowConfig, RelayConfig};
+use crate::flow::app::{AppClient, AppTarget};
+use crate::flow::chain::PluginChain;
+use crate::flow::{DeliveryTarget, FlowHandler, FlowMessageHandler};
+use crate::kafka::ConsumerOptions;
+use crate::link::KafkaLink;
+use crate::link::runner::FlowRunner;
+use crate::plugin::PluginRegistry;
+use crate::telemetry::metrics::RelayMetrics;
+
+/// How long reading the route table at start may take.
+pub(super) const ROUTES_CATCH_UP_TIMEOUT: Duration = Duration::from_secs(300);
+
+/// Starts the cluster runtime for the flow that delivers to the cluster
+/// (validation made sure there is exactly one): its processes' upstream
+/// sends go through that flow's data-return chain to its output topic.
+pub(super) async fn start_cluster(
+    config: &RelayConfig,
+    cluster: &ClusterConfig,
+    listeners: ClusterListeners,
+    admin_addr: SocketAddr,
+    links: &BTreeMap<String, Arc<KafkaLink>>,
+    registry: &Arc<PluginRegistry>,
+    metrics: &Arc<RelayMetrics>,
+) -> anyhow::Result<Arc<ClusterRuntime>> {
+    let flow = config
+        .flows
+        .iter()
+        .find(|f| matches!(f.deliver, Some(DeliverConfig::Cluster(_))))
+        .context("`[cluster]` needs a flow with `[flows.deliver.cluster]`")?;
+    let upstream = Arc::new(FlowUpstream {
+        node: config.node.id.clone(),
+        data_return: data_return_chain(flow, registry, metrics),
+        link: links[&flow.link].clone(),
+        output_topic: flow.output_topic.clone(),
+        metrics: metrics.flow(&flow.name),
+    });
+    let runtime = ClusterRuntime::start(
+        &config.node.id,
+        admin_addr,
+        cluster,
+        listeners,
+        links[&cluster.link].clone(),
+        upstream,
+        metrics,
+    )
+    .await?;
+    Ok(Arc::new(runtime))
+}
+
+fn data_return_chain(
+    flow: &FlowConfig,
+    registry: &Arc<PluginRegistry>,
+    metrics: &Arc<RelayMetrics>,
+) -> PluginChain {
+    PluginChain::new(flow.data_return.clone(), registry.clone(), metrics.clone())
+}
+
+/// Prepares every flow: its handler and the runner of its consumer, with
+/// the id of the link it consumes from. Nothing is consumed yet.
+pub(super) fn prepare(
+    config: &RelayConfig,
+    links: &BTreeMap<String, Arc<KafkaLink>>,
+    registry: &Arc<PluginRegistry>,
+    cluster: Option<&Arc<ClusterRuntime>>,
+    metrics: &Arc<RelayMetrics>,
+    consumers_stop: CancellationToken,
+) -> anyhow::Result<Vec<(String, Arc<FlowRunner>)>> {
+    let consumer_options = ConsumerOptions {
+        shutdown_grace: config.shutdown_grace,
+        ..ConsumerOptions::default()
+    };
+    let mut runners = Vec::new();
+    for flow in &config.flows {
+        let handler = FlowHandler {
+            name: flow.name.clone(),
+            node: config.node.id.clone(),
+            service_call: PluginChain::new(
+                flow.service_call.clone(),
+                registry.clone(),
+                metrics.clone(),
+            ),
+            target: target(flow, registry, cluster, metrics)
+                .with_context(|| format!("flow `{}`", flow.name))?,
+            data_return: data_return_chain(flow, registry, metrics),
+            link: links[&flow.link].clone(),
+            output_topic: flow.output_topic.clone(),
+            dead_letter_topic: flow.dead_letter_topic.clone(),
+            retry: flow.retry.clone(),
+            metrics: metrics.flow(&flow.name),
+        };
+        let runner = FlowRunner::new(
+            &flow.name,
+            &flow.group_id(),
+            &flow.input_topic,
+            Arc::new(FlowMessageHandler::new(handler)),
+            consumer_options.clone(),
+            consumers_stop.clone(),
+        );
+        runners.push((flow.link.clone(), runner));
+    }
+    Ok(runners)
+}
+
+/// Where the flow's service calls go; `None` for a transform.
+fn target(
+    flow: &FlowConfig,
+    registry: &Arc<PluginRegistry>,
+    cluster: Option<&Arc<ClusterRuntime>>,
+    metrics: &Arc<RelayMetrics>,
+) -> anyhow::Result<Option<Arc<dyn DeliveryTarget>>> {
+    Ok(match &flow.deliver {
+        None => None,
+        Some(DeliverConfig::App(app)) => Some(Arc::new(AppTarget::new(
+            AppClient::new(&flow.name, &app.url, app.timeout, app.concurrency)?,
+            flow.retry.clone(),
+            metrics.flow(&flow.name).retried,
+        ))),
+        Some(DeliverConfig::Cluster(target)) => {
+            let runtime = cluster.context("a cluster flow needs `[cluster]`")?;
+            Some(Arc::new(ClusterTarget::new(
+                ProcessRouter::new(target.router.clone(), registry.clone()),
+                ClusterDelivery::new(
+                    runtime.gateway().clone(),
+                    Some(runtime.routes().clone()),
+                    runtime.forwarder(),
+                    DeliveryPolicy {
+                        ttl: target.ttl,
+                        initial_backoff: flow.retry.initial_backoff,
+                        max_backoff: flow.retry.max_backoff,
+                        retried: metrics.flow(&flow.name).retried,
+                    },
+                ),
+            )))
+        }
+    })
+}
