@@ -2,8 +2,8 @@
 //! delivers to.
 //!
 //! The flow owns the [`DeliveryTarget`] trait; the application beside the
-//! relay ([`super::app::AppTarget`]) and the relay cluster
-//! (`crate::cluster::ClusterTarget`) implement it. A flow without a target
+//! relay ([`super::app::AppTarget`]) and the relay cluster (its
+//! `ClusterTarget`) implement it. A flow without a target
 //! is a transform. This module imports nothing from the targets, so the
 //! dependency points one way: targets know flows, flows do not know targets.
 

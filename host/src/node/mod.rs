@@ -265,7 +265,12 @@ impl Node {
                 .await;
             return Err(error);
         }
+        // Followers exist only for links that follow a configured center.
+        let center = self.parts.center.as_ref().map(ConfigCenter::subscribe);
         for (link, options) in std::mem::take(&mut self.followers) {
+            let Some(center) = center.clone() else {
+                break;
+            };
             let link_runners: Vec<Arc<FlowRunner>> = self
                 .runners
                 .iter()
@@ -275,11 +280,7 @@ impl Node {
             self.parts.tasks.spawn(follow_center(
                 link,
                 link_runners,
-                self.parts
-                    .center
-                    .as_ref()
-                    .map(ConfigCenter::subscribe)
-                    .context("a link follows the center, but there is none")?,
+                center,
                 options,
                 self.parts.followers_stop.clone(),
             ));
