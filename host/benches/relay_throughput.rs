@@ -28,7 +28,7 @@ use rdkafka::Message as _;
 use rdkafka::consumer::{Consumer as _, StreamConsumer};
 use rdkafka::message::{Header, Headers as _, OwnedHeaders};
 use rdkafka::producer::{FutureProducer, FutureRecord};
-use support::relay::{RelayProcess, free_port};
+use support::relay::RelayProcess;
 use support::tansu::{Tansu, TestRecord};
 use wasmrelay::kafka::LinkInfo;
 
@@ -95,7 +95,7 @@ async fn plain_loop(kafka: &Tansu, input: &str, output: &str, expected: usize) -
     started.elapsed()
 }
 
-fn relay_config(kafka: &Tansu, admin_port: u16) -> String {
+fn relay_config(kafka: &Tansu) -> String {
     let plugins = support::plugins_dist().display();
     let bootstrap = kafka.bootstrap();
     let flow = |name: &str, input: &str, output: &str| {
@@ -104,7 +104,7 @@ fn relay_config(kafka: &Tansu, admin_port: u16) -> String {
         )
     };
     format!(
-        "[admin]\nlisten = \"127.0.0.1:{admin_port}\"\n[plugins]\ndir = \"{plugins}\"\nwatch = false\n\
+        "[admin]\nlisten = \"127.0.0.1:0\"\n[plugins]\ndir = \"{plugins}\"\nwatch = false\n\
          [links.main]\nbootstrap_servers = \"{bootstrap}\"\n[links.main.options]\n\"fetch.wait.max.ms\" = \"10\"\n\
          \"session.timeout.ms\" = \"6000\"\n\"heartbeat.interval.ms\" = \"500\"\n{}{}",
         flow("throughput", "relay-in", "relay-out"),
@@ -183,11 +183,10 @@ async fn main() {
 
     // Throughput: the plain loop, then the relay, on the same broker.
     let plain = plain_loop(&kafka, "plain-in", "plain-out", RECORDS).await;
-    let admin_port = free_port();
+    // Quiet, but for the line that says where the admin listener is.
     let relay = RelayProcess::start(
-        &relay_config(&kafka, admin_port),
-        admin_port,
-        &[("RUST_LOG", "warn")],
+        &relay_config(&kafka),
+        &[("RUST_LOG", "warn,wasmrelay::node=info")],
     );
     let started = Instant::now();
     while relay.metric(r#"wasmrelay_messages_returned_total{flow="throughput"}"#) < RECORDS as u64 {

@@ -7,13 +7,19 @@ use std::time::Duration;
 
 use rand::Rng as _;
 use serde_json::Value;
-use support::processes::{NodePorts, ProcessPool, node_config};
+use support::processes::{ProcessPool, node_config};
 use support::relay::{RelayProcess, http_get};
 use support::tansu::{Tansu, TestRecord};
 
 use wasmrelay_test_support as support;
 
 const BUSINESS: &str = "business";
+
+/// The client listener address a cluster node logged.
+fn client_addr(node: &RelayProcess) -> String {
+    node.client_addr()
+        .unwrap_or_else(|| panic!("the node logged no client listener:\n{}", node.log()))
+}
 
 fn get_json(url: &str) -> (u16, Value) {
     let (status, body) = http_get(url).unwrap_or_else(|| panic!("no answer from {url}"));
@@ -97,16 +103,11 @@ impl Addressed {
 async fn one_node_delivers_each_message_to_its_process_once_and_takes_replies() {
     let kafka = Tansu::start();
     kafka.create_topic(BUSINESS, 3).await;
-    let ports = NodePorts::free();
-    let node = RelayProcess::start(
-        &node_config("node-a", &kafka.bootstrap(), &ports, ""),
-        ports.admin,
-        &[],
-    );
+    let node = RelayProcess::start(&node_config("node-a", &kafka.bootstrap(), ""), &[]);
     let processes: Vec<String> = (0..20).map(|n| format!("proc-{n:02}")).collect();
     let mut pool = ProcessPool::default();
     for id in &processes {
-        pool.connect(&[ports.client_addr()], id, true).await;
+        pool.connect(&[client_addr(&node)], id, true).await;
     }
     node.wait_for("all processes registered", Duration::from_secs(10), || {
         get_json(&format!("{}/cluster", node.admin)).1["connections"] == 20
@@ -146,11 +147,23 @@ async fn one_node_delivers_each_message_to_its_process_once_and_takes_replies() 
     let (_, cluster) = get_json(&format!("{}/cluster", node.admin));
     assert_eq!(cluster["live"], 1, "{cluster}");
     assert_eq!(cluster["alarm"], false);
+    // The node advertises the addresses its port-0 listeners got.
+    let me = &cluster["nodes"][0];
+    assert_eq!(me["node_id"], "node-a", "{cluster}");
+    assert_eq!(me["client_addr"], client_addr(&node), "{cluster}");
+    assert_eq!(me["mesh_addr"], node.mesh_addr().unwrap(), "{cluster}");
+    assert_eq!(
+        me["admin_addr"],
+        node.admin.strip_prefix("http://").unwrap(),
+        "{cluster}"
+    );
 }
 
 /// A cluster of nodes on one broker, started one by one.
 struct Cluster {
-    nodes: Vec<(String, NodePorts, Option<RelayProcess>)>,
+    /// Each node's id, client address (kept after a kill: its processes
+    /// still try it) and process while it runs.
+    nodes: Vec<(String, String, Option<RelayProcess>)>,
 }
 
 impl Cluster {
@@ -182,13 +195,9 @@ impl Cluster {
     }
 
     fn start_node(&mut self, kafka: &Tansu, id: &str, extra: &str) {
-        let ports = NodePorts::free();
-        let node = RelayProcess::start(
-            &node_config(id, &kafka.bootstrap(), &ports, extra),
-            ports.admin,
-            &[],
-        );
-        self.nodes.push((id.to_string(), ports, Some(node)));
+        let node = RelayProcess::start(&node_config(id, &kafka.bootstrap(), extra), &[]);
+        self.nodes
+            .push((id.to_string(), client_addr(&node), Some(node)));
     }
 
     fn node(&self, index: usize) -> &RelayProcess {
@@ -203,7 +212,7 @@ impl Cluster {
     fn addresses_from(&self, first: usize) -> Vec<String> {
         let n = self.nodes.len();
         (0..n)
-            .map(|i| self.nodes[(first + i) % n].1.client_addr())
+            .map(|i| self.nodes[(first + i) % n].1.clone())
             .collect()
     }
 
@@ -503,7 +512,7 @@ async fn a_process_registered_twice_on_two_nodes_replaces_the_older_connection()
     let cluster = Cluster::start(&kafka, &["node-a", "node-b"], "");
     let mut older = ProcessPool::default();
     older
-        .connect(&[cluster.nodes[0].1.client_addr()], "twice", false)
+        .connect(&[cluster.nodes[0].1.clone()], "twice", false)
         .await;
     cluster
         .node(1)
@@ -518,7 +527,7 @@ async fn a_process_registered_twice_on_two_nodes_replaces_the_older_connection()
         .await;
     let mut newer = ProcessPool::default();
     newer
-        .connect(&[cluster.nodes[1].1.client_addr()], "twice", false)
+        .connect(&[cluster.nodes[1].1.clone()], "twice", false)
         .await;
     cluster
         .node(0)
@@ -577,16 +586,11 @@ async fn the_example_client_prints_deliveries_as_json_lines_and_replies() {
     let binary = support::relay_client_example();
     let kafka = Tansu::start();
     kafka.create_topic(BUSINESS, 1).await;
-    let ports = NodePorts::free();
-    let node = RelayProcess::start(
-        &node_config("node-a", &kafka.bootstrap(), &ports, ""),
-        ports.admin,
-        &[],
-    );
+    let node = RelayProcess::start(&node_config("node-a", &kafka.bootstrap(), ""), &[]);
     let child = tokio::process::Command::new(binary)
         .args([
             "--connect",
-            &ports.client_addr(),
+            &client_addr(&node),
             "--process-id",
             "cli-1",
             "--reply",
@@ -648,10 +652,9 @@ async fn the_example_client_prints_deliveries_as_json_lines_and_replies() {
 async fn messages_for_no_process_are_retried_until_the_ttl_then_dead_lettered() {
     let kafka = Tansu::start();
     kafka.create_topic(BUSINESS, 1).await;
-    let ports = NodePorts::free();
-    let config = node_config("node-a", &kafka.bootstrap(), &ports, "")
-        .replace("ttl = \"30s\"", "ttl = \"2s\"");
-    let node = RelayProcess::start(&config, ports.admin, &[]);
+    let config =
+        node_config("node-a", &kafka.bootstrap(), "").replace("ttl = \"30s\"", "ttl = \"2s\"");
+    let node = RelayProcess::start(&config, &[]);
     let mut pool = ProcessPool::default();
     let started = std::time::Instant::now();
     kafka
@@ -668,7 +671,7 @@ async fn messages_for_no_process_are_retried_until_the_ttl_then_dead_lettered() 
         )
         .await;
     tokio::time::sleep(Duration::from_millis(500)).await;
-    pool.connect(&[ports.client_addr()], "late", false).await;
+    pool.connect(&[client_addr(&node)], "late", false).await;
     let dead = kafka
         .consume_all("business.dlq", 2, Duration::from_secs(30))
         .await;
@@ -715,16 +718,14 @@ async fn messages_for_no_process_are_retried_until_the_ttl_then_dead_lettered() 
 async fn a_router_plugin_names_the_process() {
     let kafka = Tansu::start();
     kafka.create_topic(BUSINESS, 1).await;
-    let ports = NodePorts::free();
     // route-by-field: the `process-id` header, else the JSON field `process_id`.
-    let config = node_config("node-a", &kafka.bootstrap(), &ports, "").replace(
+    let config = node_config("node-a", &kafka.bootstrap(), "").replace(
         "[flows.deliver.cluster]",
         "[flows.deliver.cluster]\nrouter = \"route-by-field\"",
     );
-    let node = RelayProcess::start(&config, ports.admin, &[]);
+    let node = RelayProcess::start(&config, &[]);
     let mut pool = ProcessPool::default();
-    pool.connect(&[ports.client_addr()], "by-field", false)
-        .await;
+    pool.connect(&[client_addr(&node)], "by-field", false).await;
     kafka
         .produce(
             BUSINESS,

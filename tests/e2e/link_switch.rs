@@ -55,12 +55,12 @@ fn etcd_center(etcd: &Etcd) -> String {
     )
 }
 
-fn relay_config(center: &str, app_url: &str, admin_port: u16) -> String {
+fn relay_config(center: &str, app_url: &str) -> String {
     let plugins = support::plugins_dist().display();
     format!(
         r#"
 [admin]
-listen = "127.0.0.1:{admin_port}"
+listen = "127.0.0.1:0"
 [plugins]
 dir = "{plugins}"
 [center]
@@ -151,8 +151,7 @@ async fn switch_under_load_loses_nothing(center: &str, point_at: impl AsyncFn(&T
         )
     })
     .await;
-    let admin_port = free_port();
-    let relay = RelayProcess::start(&relay_config(center, &app.url, admin_port), admin_port, &[]);
+    let relay = RelayProcess::start(&relay_config(center, &app.url), &[]);
     assert_eq!(
         links(&relay)["links"][0]["current"]["bootstrap_servers"],
         kafka1.bootstrap()
@@ -211,12 +210,7 @@ async fn bad_values_and_a_deleted_key_leave_the_old_link_serving() {
     let key = center.path().join("kafka.main");
     std::fs::write(&key, kafka_value(&kafka)).unwrap();
     let app = TestApp::start(|_| (200, Vec::new(), vec![])).await;
-    let admin_port = free_port();
-    let relay = RelayProcess::start(
-        &relay_config(&dir_center(center.path()), &app.url, admin_port),
-        admin_port,
-        &[],
-    );
+    let relay = RelayProcess::start(&relay_config(&dir_center(center.path()), &app.url), &[]);
     let dead_port = free_port();
     let bad_values = [
         ("kafka:9092".to_string(), "not JSON"),
@@ -286,12 +280,7 @@ async fn quick_flips_end_on_the_last_value_in_a_consistent_state() {
     let center = tempfile::tempdir().unwrap();
     configmap_update(center.path(), 1, &[("kafka.main", kafka_value(&kafka1))]);
     let app = TestApp::start(|_| (200, Vec::new(), vec![])).await;
-    let admin_port = free_port();
-    let relay = RelayProcess::start(
-        &relay_config(&dir_center(center.path()), &app.url, admin_port),
-        admin_port,
-        &[],
-    );
+    let relay = RelayProcess::start(&relay_config(&dir_center(center.path()), &app.url), &[]);
     kafka1.produce(INPUT, numbered(0..100)).await;
     relay
         .wait_for("traffic on cluster 1", Duration::from_secs(60), || {
@@ -329,12 +318,7 @@ async fn etcd_down_keeps_the_link_serving_and_a_later_change_is_followed() {
     let key = format!("{ETCD_PREFIX}kafka.main");
     etcd.put(&key, &kafka_value(&kafka1)).await;
     let app = TestApp::start(|_| (200, Vec::new(), vec![])).await;
-    let admin_port = free_port();
-    let relay = RelayProcess::start(
-        &relay_config(&etcd_center(&etcd), &app.url, admin_port),
-        admin_port,
-        &[],
-    );
+    let relay = RelayProcess::start(&relay_config(&etcd_center(&etcd), &app.url), &[]);
     assert_eq!(
         links(&relay)["links"][0]["status"]["center_reachable"],
         true

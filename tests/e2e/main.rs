@@ -8,7 +8,9 @@
 
 mod cluster;
 mod demo;
+mod harness;
 mod link_switch;
 mod plugin_test_cli;
 mod run_config_errors;
+mod secrets;
 mod sidecar_flow;

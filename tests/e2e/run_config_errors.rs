@@ -9,6 +9,8 @@ fn base() -> String {
     let plugins = support::plugins_dist().display();
     format!(
         r#"
+[admin]
+listen = "127.0.0.1:0"
 [plugins]
 dir = "{plugins}"
 [links.main]

@@ -16,13 +16,7 @@ const OUTPUT: &str = "data-returns";
 const DLQ: &str = "service-calls.dlq";
 
 /// A relay config with one flow `orders`; `extra_flows` are appended as is.
-fn config(
-    kafka: &Tansu,
-    app_url: &str,
-    admin_port: u16,
-    service_call: &str,
-    extra: &str,
-) -> String {
+fn config(kafka: &Tansu, app_url: &str, service_call: &str, extra: &str) -> String {
     let plugins = support::plugins_dist().display().to_string();
     format!(
         r#"
@@ -30,7 +24,7 @@ shutdown_grace = "20s"
 [node]
 id = "test-node"
 [admin]
-listen = "127.0.0.1:{admin_port}"
+listen = "127.0.0.1:0"
 [plugins]
 dir = "{plugins}"
 call_deadline = "100ms"
@@ -119,12 +113,7 @@ async fn ten_thousand_calls_reach_the_app_once_and_return_with_correlation() {
     let kafka = Tansu::start();
     kafka.create_topic(INPUT, 3).await;
     let app = TestApp::start(answer_ok).await;
-    let admin_port = free_port();
-    let relay = RelayProcess::start(
-        &config(&kafka, &app.url, admin_port, r#""json-enrich""#, ""),
-        admin_port,
-        &[],
-    );
+    let relay = RelayProcess::start(&config(&kafka, &app.url, r#""json-enrich""#, ""), &[]);
     let produced = kafka.produce(INPUT, inputs(COUNT)).await;
     assert_eq!(produced.len(), COUNT);
 
@@ -259,12 +248,7 @@ async fn app_errors_are_retried_or_dead_lettered_and_nothing_is_missing() {
         }
     })
     .await;
-    let admin_port = free_port();
-    let relay = RelayProcess::start(
-        &config(&kafka, &app.url, admin_port, r#""json-enrich""#, ""),
-        admin_port,
-        &[],
-    );
+    let relay = RelayProcess::start(&config(&kafka, &app.url, r#""json-enrich""#, ""), &[]);
     kafka.produce(INPUT, inputs(COUNT)).await;
 
     let rejected = COUNT / 10;
@@ -340,7 +324,6 @@ async fn plugin_trap_and_timeout_dead_letter_the_message_and_the_flow_goes_on() 
     kafka.create_topic(INPUT, 1).await;
     kafka.create_topic("loop-in", 1).await;
     let app = TestApp::start(answer_ok).await;
-    let admin_port = free_port();
     let looping_flow = r#"
 [[flows]]
 name = "looping"
@@ -354,11 +337,9 @@ dead_letter_topic = "loop-in.dlq"
         &config(
             &kafka,
             &app.url,
-            admin_port,
             r#""json-enrich", "fault-panic""#,
             looping_flow,
         ),
-        admin_port,
         &[],
     );
     kafka.produce(INPUT, inputs(20)).await;
@@ -421,9 +402,8 @@ async fn sigkill_mid_stream_loses_nothing_and_never_commits_past_unfinished_work
     let kafka = Tansu::start();
     kafka.create_topic(INPUT, 3).await;
     let app = TestApp::start(answer_ok).await;
-    let admin_port = free_port();
-    let config = config(&kafka, &app.url, admin_port, r#""json-enrich""#, "");
-    let mut relay = RelayProcess::start(&config, admin_port, &[]);
+    let config = config(&kafka, &app.url, r#""json-enrich""#, "");
+    let mut relay = RelayProcess::start(&config, &[]);
     kafka.produce(INPUT, inputs(COUNT)).await;
     relay
         .wait_for("a third of the calls", Duration::from_secs(120), || {
@@ -455,7 +435,7 @@ async fn sigkill_mid_stream_loses_nothing_and_never_commits_past_unfinished_work
     // A killed member leaves no LeaveGroup behind: the broker hands its
     // partitions out again only once its session (6 s here) has expired.
     tokio::time::sleep(Duration::from_secs(7)).await;
-    let relay = RelayProcess::start(&config, admin_port, &[]);
+    let relay = RelayProcess::start(&config, &[]);
     relay
         .wait_for(
             "every call delivered after the restart",
@@ -510,9 +490,8 @@ async fn sigterm_under_load_finishes_in_flight_work_and_exits_0() {
         answer_ok(receipt)
     })
     .await;
-    let admin_port = free_port();
-    let config = config(&kafka, &app.url, admin_port, r#""json-enrich""#, "");
-    let mut relay = RelayProcess::start(&config, admin_port, &[]);
+    let config = config(&kafka, &app.url, r#""json-enrich""#, "");
+    let mut relay = RelayProcess::start(&config, &[]);
     kafka.produce(INPUT, inputs(COUNT)).await;
     relay
         .wait_for("some calls", Duration::from_secs(120), || {
@@ -550,7 +529,7 @@ async fn sigterm_under_load_finishes_in_flight_work_and_exits_0() {
         returned.len(),
         "committed offsets differ from finished work"
     );
-    let relay = RelayProcess::start(&config, admin_port, &[]);
+    let relay = RelayProcess::start(&config, &[]);
     relay
         .wait_for(
             "the rest after the restart",
@@ -564,12 +543,11 @@ async fn sigterm_under_load_finishes_in_flight_work_and_exits_0() {
 async fn transform_flow_processes_into_the_output_topic_without_an_app() {
     let kafka = Tansu::start();
     kafka.create_topic("raw", 2).await;
-    let admin_port = free_port();
     let plugins = support::plugins_dist().display().to_string();
     let config = format!(
         r#"
 [admin]
-listen = "127.0.0.1:{admin_port}"
+listen = "127.0.0.1:0"
 [plugins]
 dir = "{plugins}"
 [plugins.config.json-enrich]
@@ -592,7 +570,7 @@ fields = "secret"
 "#,
         kafka.bootstrap()
     );
-    let relay = RelayProcess::start(&config, admin_port, &[]);
+    let relay = RelayProcess::start(&config, &[]);
     let records: Vec<TestRecord> = (0..100)
         .map(|n| {
             TestRecord::keyed(
@@ -628,12 +606,7 @@ async fn second_signal_exits_at_once() {
         answer_ok(receipt)
     })
     .await;
-    let admin_port = free_port();
-    let mut relay = RelayProcess::start(
-        &config(&kafka, &app.url, admin_port, r#""json-enrich""#, ""),
-        admin_port,
-        &[],
-    );
+    let mut relay = RelayProcess::start(&config(&kafka, &app.url, r#""json-enrich""#, ""), &[]);
     kafka.produce(INPUT, inputs(5)).await;
     relay
         .wait_for("a call in flight", Duration::from_secs(30), || {
@@ -660,20 +633,17 @@ async fn the_sidecar_example_runs_as_is_with_the_example_app() {
         .stdout(std::process::Stdio::null())
         .spawn()
         .expect("python3 runs the example app");
-    let admin_port = free_port();
     let example =
         std::fs::read_to_string(support::repo_root().join("examples/sidecar/relay.toml")).unwrap();
     let bootstrap = kafka.bootstrap();
     let app_url = format!("http://127.0.0.1:{app_port}/calls");
-    let admin_addr = format!("127.0.0.1:{admin_port}");
     let plugins = support::plugins_dist().display().to_string();
     let relay = RelayProcess::start(
         &example,
-        admin_port,
         &[
             ("KAFKA_BOOTSTRAP", bootstrap.as_str()),
             ("APP_URL", app_url.as_str()),
-            ("ADMIN_ADDR", admin_addr.as_str()),
+            ("ADMIN_ADDR", "127.0.0.1:0"),
             ("PLUGINS_DIR", plugins.as_str()),
         ],
     );

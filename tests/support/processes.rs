@@ -114,48 +114,19 @@ impl Drop for ProcessPool {
     }
 }
 
-/// The config of a cluster node on `kafka` (with every port given), its
-/// cluster flow consuming `business` with the built-in router.
-#[derive(Debug)]
-pub struct NodePorts {
-    /// Admin API port.
-    pub admin: u16,
-    /// Client listener port.
-    pub client: u16,
-    /// Mesh listener port.
-    pub mesh: u16,
-}
-
-impl NodePorts {
-    /// Three free ports.
-    pub fn free() -> NodePorts {
-        NodePorts {
-            admin: crate::relay::free_port(),
-            client: crate::relay::free_port(),
-            mesh: crate::relay::free_port(),
-        }
-    }
-
-    /// `127.0.0.1:<client port>`.
-    pub fn client_addr(&self) -> String {
-        format!("127.0.0.1:{}", self.client)
-    }
-}
-
-/// A cluster node's config; `extra_cluster` is appended to `[cluster]`.
-pub fn node_config(
-    node_id: &str,
-    bootstrap: &str,
-    ports: &NodePorts,
-    extra_cluster: &str,
-) -> String {
+/// The config of cluster node `node_id` on the broker at `bootstrap`, its
+/// cluster flow consuming `business` with the built-in router; every
+/// listener on `127.0.0.1:0` (the relay logs what it got, see
+/// [`crate::relay::RelayProcess::client_addr`]); `extra_cluster` is appended
+/// to `[cluster]`.
+pub fn node_config(node_id: &str, bootstrap: &str, extra_cluster: &str) -> String {
     let plugins = crate::plugins_dist().display();
     format!(
         r#"
 [node]
 id = "{node_id}"
 [admin]
-listen = "127.0.0.1:{admin}"
+listen = "127.0.0.1:0"
 [plugins]
 dir = "{plugins}"
 [links.main]
@@ -167,8 +138,8 @@ bootstrap_servers = "{bootstrap}"
 "batch.num.messages" = "1"
 [cluster]
 link = "main"
-client_listen = "127.0.0.1:{client}"
-mesh_listen = "127.0.0.1:{mesh}"
+client_listen = "127.0.0.1:0"
+mesh_listen = "127.0.0.1:0"
 secret = "test-cluster-secret-0123456789"
 heartbeat_interval = "500ms"
 node_timeout = "3s"
@@ -184,9 +155,6 @@ dead_letter_topic = "business.dlq"
 retry = {{ initial_backoff = "20ms", max_backoff = "200ms", budget = "20s" }}
 [flows.deliver.cluster]
 ttl = "30s"
-"#,
-        admin = ports.admin,
-        client = ports.client,
-        mesh = ports.mesh,
+"#
     )
 }

@@ -7,7 +7,9 @@ use std::path::PathBuf;
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
-/// A free TCP port on 127.0.0.1 (bound, then released).
+/// A free TCP port on 127.0.0.1 (bound, then released): for the servers the
+/// tests start that are not wasmrelay (whose listeners take port 0), or for
+/// an address nothing answers on.
 pub fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()
@@ -22,15 +24,20 @@ pub struct RelayProcess {
     child: Option<Child>,
     /// `http://127.0.0.1:PORT` of its admin API.
     pub admin: String,
+    client: Option<String>,
+    mesh: Option<String>,
     log_path: PathBuf,
     _dir: tempfile::TempDir,
 }
 
 impl RelayProcess {
     /// Writes `config` (TOML) to a file and runs `wasmrelay run --config` on
-    /// it with `env`; `admin_port` must be the port the config's admin
-    /// listener uses. Waits until ready (or panics with the relay's log).
-    pub fn start(config: &str, admin_port: u16, env: &[(&str, &str)]) -> RelayProcess {
+    /// it with `env` (which may set `RUST_LOG`; the default is this
+    /// process's `RUST_LOG`, else `info`). Its listeners should be given as
+    /// `127.0.0.1:0`: the addresses they got are read from the relay's
+    /// `listening` log lines, so the filter must let `wasmrelay::node` info
+    /// through. Waits until ready (or panics with the relay's log).
+    pub fn start(config: &str, env: &[(&str, &str)]) -> RelayProcess {
         let dir = tempfile::tempdir().unwrap();
         let config_path = dir.path().join("relay.toml");
         std::fs::write(&config_path, config).unwrap();
@@ -40,11 +47,11 @@ impl RelayProcess {
             .arg("run")
             .arg("--config")
             .arg(&config_path)
-            .envs(env.iter().copied())
             .env(
                 "RUST_LOG",
                 std::env::var("RUST_LOG").unwrap_or_else(|_| "info".into()),
             )
+            .envs(env.iter().copied())
             .stdin(Stdio::null())
             .stdout(log.try_clone().unwrap())
             .stderr(log)
@@ -52,12 +59,61 @@ impl RelayProcess {
             .expect("starting wasmrelay");
         let mut relay = RelayProcess {
             child: Some(child),
-            admin: format!("http://127.0.0.1:{admin_port}"),
+            admin: String::new(),
+            client: None,
+            mesh: None,
             log_path,
             _dir: dir,
         };
-        relay.wait_ready(Duration::from_secs(60));
+        let timeout = Duration::from_secs(60);
+        let started = Instant::now();
+        let admin = relay.wait_listening(timeout);
+        relay.admin = format!("http://{admin}");
+        relay.wait_ready(timeout.saturating_sub(started.elapsed()));
+        // Every `listening` line comes before the node starts anything, so
+        // all are in the log once it is ready (the admin line may have been
+        // read before the others were written).
+        let log = relay.log();
+        relay.client = listening_addr(&log, "client");
+        relay.mesh = listening_addr(&log, "mesh");
         relay
+    }
+
+    /// `host:port` the cluster client listener got, on a cluster node.
+    pub fn client_addr(&self) -> Option<String> {
+        self.client.clone()
+    }
+
+    /// `host:port` the cluster mesh listener got, on a cluster node.
+    pub fn mesh_addr(&self) -> Option<String> {
+        self.mesh.clone()
+    }
+
+    /// Waits for the admin listener's `listening` line (logged after every
+    /// listener is bound) and returns its address.
+    fn wait_listening(&mut self, timeout: Duration) -> String {
+        let started = Instant::now();
+        loop {
+            // Read the log before asking whether the process exited, so a
+            // line written just before the exit is not missed.
+            let log = self.log();
+            if let Some(addr) = listening_addr(&log, "admin") {
+                return addr;
+            }
+            if let Some(status) = self.child.as_mut().unwrap().try_wait().unwrap() {
+                panic!(
+                    "wasmrelay exited with {status} before it logged its admin address:\n{}",
+                    self.log()
+                );
+            }
+            if started.elapsed() > timeout {
+                panic!(
+                    "wasmrelay logged no `listening listener=\"admin\"` line within {timeout:?} \
+                     (RUST_LOG must let wasmrelay::node info through):\n{log}"
+                );
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
     }
 
     fn wait_ready(&mut self, timeout: Duration) {
@@ -203,8 +259,26 @@ impl RelayProcess {
     }
 }
 
+/// The address of `listener` in the relay's text log line
+/// `... listening listener="admin" addr=127.0.0.1:41234`, if logged.
+pub fn listening_addr(log: &str, listener: &str) -> Option<String> {
+    let name = format!("listener=\"{listener}\"");
+    log.lines()
+        .filter(|line| line.contains(" listening ") && line.contains(&name))
+        .find_map(|line| {
+            let addr = line.split_once(" addr=")?.1.split_whitespace().next()?;
+            Some(addr.to_string())
+        })
+}
+
 /// A blocking GET: (status, body), or None if nothing answered.
 pub fn http_get(url: &str) -> Option<(u16, String)> {
+    http_get_with_token(url, None)
+}
+
+/// A blocking GET with `Authorization: Bearer <token>` when given:
+/// (status, body), or None if nothing answered.
+pub fn http_get_with_token(url: &str, token: Option<&str>) -> Option<(u16, String)> {
     let rest = url.strip_prefix("http://")?;
     let (host, path) = rest
         .split_once('/')
@@ -212,9 +286,12 @@ pub fn http_get(url: &str) -> Option<(u16, String)> {
         .unwrap_or((rest, "/".into()));
     let mut stream = std::net::TcpStream::connect(host).ok()?;
     stream.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
+    let authorization = token
+        .map(|token| format!("Authorization: Bearer {token}\r\n"))
+        .unwrap_or_default();
     write!(
         stream,
-        "GET {path} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n"
+        "GET {path} HTTP/1.1\r\nHost: {host}\r\n{authorization}Connection: close\r\n\r\n"
     )
     .ok()?;
     let mut response = String::new();
