@@ -124,6 +124,24 @@ async fn an_unreachable_kafka_fails_the_topic_step_and_leaves_nothing_running() 
     assert_build_fails_cleanly(config, admin, "preparing the topics the relay writes to").await;
 }
 
+/// Topic creation that the broker does not complete: librdkafka's mock
+/// cluster has the flows' input but not their output topics, and answers no
+/// CreateTopics request, so creation fails after the relay's timeout (30 s).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn failed_topic_creation_fails_the_build_and_leaves_nothing_running() {
+    let plugins = tempfile::tempdir().unwrap();
+    let kafka = MockCluster::new(1).unwrap();
+    kafka.create_topic("in", 1, 1).unwrap();
+    let admin = free_addr();
+    let config = config(
+        plugins.path(),
+        admin,
+        &format!("bootstrap_servers = \"{}\"", kafka.bootstrap_servers()),
+        "",
+    );
+    assert_build_fails_cleanly(config, admin, "creating topics on").await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_taken_cluster_address_fails_the_build_and_leaves_nothing_running() {
     let plugins = tempfile::tempdir().unwrap();
