@@ -133,6 +133,7 @@ cleanup() {
     printf '\nfresh-check summary: %s (%s), %s, open files limit %s\n' \
       "${sha:0:12}" "$ref" "$suite" "${fd_limit:-?}"
     printf '%s\n' "${steps[@]}"
+    printf '  %-12s %-7s %6d s  (%dm%02ds)\n' "in all" "" "$SECONDS" $((SECONDS / 60)) $((SECONDS % 60))
     if ((overall == 0 && status == 0)); then echo "fresh-check: PASSED"; else echo "fresh-check: FAILED"; fi
     echo "logs: $logs$($keep && echo "; root kept: $root")"
   fi
