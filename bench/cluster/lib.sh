@@ -185,7 +185,7 @@ ${NODE_EXTRA_LINK:-}
 link = "main"
 client_listen = "127.0.0.1:$client"
 mesh_listen = "127.0.0.1:$mesh"
-secret = "cluster-bench-secret-0123456789"
+secret = "cluster-bench-secret-0123456789abcdef"
 heartbeat_topic = "wasmrelay.heartbeats"
 routes_topic = "$routes"
 alarm_topic = "wasmrelay.alarms"

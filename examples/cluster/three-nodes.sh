@@ -18,7 +18,9 @@ cd "$(dirname "$0")/../.."
 : "${KAFKA_BOOTSTRAP:?set KAFKA_BOOTSTRAP to the Kafka the nodes share (host:port)}"
 export KAFKA_BOOTSTRAP
 export PLUGINS_DIR="${PLUGINS_DIR:-$PWD/plugins/dist}"
-export CLUSTER_SECRET="${CLUSTER_SECRET:-three-nodes-demo-secret-0123456789}"
+# The nodes' shared secret: yours, or a fresh random one for this run.
+CLUSTER_SECRET="${CLUSTER_SECRET:-$(openssl rand -hex 32 2>/dev/null || od -An -tx1 -N32 /dev/urandom | tr -d ' \n')}"
+export CLUSTER_SECRET
 binary="${WASMRELAY_BIN:-target/debug/wasmrelay}"
 if [[ ! -x "$binary" ]]; then
   cargo build --locked --bin wasmrelay

@@ -35,8 +35,10 @@ fn configmap_update(dir: &Path, generation: u32, values: &[(&str, String)]) {
     }
 }
 
+/// A center value: connection properties only (tuning such as
+/// `batch.num.messages` is the config file's, see [`relay_config`]).
 fn kafka_value(kafka: &Tansu) -> String {
-    json!({"bootstrap.servers": kafka.bootstrap(), "batch.num.messages": "1"}).to_string()
+    json!({"bootstrap.servers": kafka.bootstrap(), "socket.timeout.ms": 10000}).to_string()
 }
 
 /// The `[center]` section of a `dir` center.
@@ -69,6 +71,7 @@ drain_timeout = "20s"
 [links.main]
 from_center = true
 [links.main.options]
+"batch.num.messages" = "1"
 "fetch.wait.max.ms" = "10"
 "session.timeout.ms" = "6000"
 "heartbeat.interval.ms" = "500"

@@ -209,7 +209,7 @@ async fn the_admin_token_and_cluster_secret_show_in_no_log_line_and_the_token_gu
     let config = base
         .replace("[admin]\n", &format!("[admin]\ntoken = \"{TOKEN}\"\n"))
         .replace(
-            "secret = \"test-cluster-secret-0123456789\"",
+            "secret = \"test-cluster-secret-0123456789abcdef\"",
             &format!("secret = \"{CLUSTER_SECRET}\""),
         );
     assert!(

@@ -689,9 +689,16 @@ dead_letter_topic = "dlq"
             "MESH_ADDR" => Some("0.0.0.0:7500".to_string()),
             "ADMIN_ADDR" => Some("127.0.0.1:9400".to_string()),
             "PLUGINS_DIR" => Some(plugins.clone()),
+            "CLUSTER_SECRET" => Some("5e1f0c2b".repeat(8)),
             _ => None,
         };
         let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/cluster/node.toml");
+        // The secret comes from the environment only.
+        let without_secret = |name: &str| (name != "CLUSTER_SECRET").then(|| env(name)).flatten();
+        let error = load_with_env(&path, &without_secret)
+            .unwrap_err()
+            .to_string();
+        assert!(error.contains("CLUSTER_SECRET"), "{error}");
         let config = load_with_env(&path, &env).unwrap();
         let cluster = config.cluster.as_ref().unwrap();
         assert_eq!(config.node.id, "node-1");

@@ -141,6 +141,14 @@ impl CenterConfig {
             CenterConfig::Etcd(etcd) => etcd.drain_timeout,
         }
     }
+
+    /// The directory files named by center values must lie in, if any.
+    pub fn files_dir(&self) -> Option<&std::path::Path> {
+        match self {
+            CenterConfig::Dir(dir) => dir.files_dir.as_deref(),
+            CenterConfig::Etcd(etcd) => etcd.files_dir.as_deref(),
+        }
+    }
 }
 
 /// A directory center (`kind = "dir"`).
@@ -159,6 +167,13 @@ pub struct DirCenterConfig {
     /// there after that is reported.
     #[serde(default = "default_drain_timeout", with = "humantime_serde")]
     pub drain_timeout: Duration,
+    /// The directory files named by a center value (`ssl.ca.location`,
+    /// `ssl.certificate.location`, `ssl.key.location`, `ssl.crl.location`,
+    /// `sasl.kerberos.keytab`...) must lie in, e.g. a mounted Secret; a
+    /// relative path in a value is taken inside it. Without it a center
+    /// value may name no file (TLS material is then given inline as PEM).
+    #[serde(default)]
+    pub files_dir: Option<PathBuf>,
 }
 
 /// An etcd center (`kind = "etcd"`).
@@ -185,6 +200,13 @@ pub struct EtcdCenterConfig {
     /// there after that is reported.
     #[serde(default = "default_drain_timeout", with = "humantime_serde")]
     pub drain_timeout: Duration,
+    /// The directory files named by a center value (`ssl.ca.location`,
+    /// `ssl.certificate.location`, `ssl.key.location`, `ssl.crl.location`,
+    /// `sasl.kerberos.keytab`...) must lie in, e.g. a mounted Secret; a
+    /// relative path in a value is taken inside it. Without it a center
+    /// value may name no file (TLS material is then given inline as PEM).
+    #[serde(default)]
+    pub files_dir: Option<PathBuf>,
 }
 
 /// etcd credentials: a user and its password, always together.

@@ -50,8 +50,12 @@ pub fn validate(config: &RelayConfig) -> Result<(), Vec<Problem>> {
     problems.finish()
 }
 
-/// The shortest cluster secret accepted.
-const MIN_SECRET_LEN: usize = 16;
+/// The shortest cluster secret accepted, in bytes (`openssl rand -hex 32`
+/// gives 64).
+const MIN_SECRET_LEN: usize = 32;
+/// The placeholder of the example configs: refused, as every copy of the
+/// examples would share it.
+const EXAMPLE_SECRET: &str = "change-me-to-a-long-random-secret";
 
 fn check_cluster(config: &RelayConfig, problems: &mut Problems) {
     let cluster_flows: Vec<usize> = config
@@ -88,10 +92,22 @@ fn check_cluster(config: &RelayConfig, problems: &mut Problems) {
             format!("`{}` is not a link in `[links]`", cluster.link),
         );
     }
-    if cluster.secret.expose().chars().count() < MIN_SECRET_LEN {
+    // The secret itself is never part of a message.
+    let secret = cluster.secret.expose();
+    if secret.trim().eq_ignore_ascii_case(EXAMPLE_SECRET) {
         problems.push(
             "cluster.secret",
-            format!("must be at least {MIN_SECRET_LEN} characters (use `${{CLUSTER_SECRET}}`)"),
+            "is the example placeholder: generate a secret of your own with `openssl rand -hex \
+             32` and pass it as `${CLUSTER_SECRET}`",
+        );
+    } else if secret.len() < MIN_SECRET_LEN {
+        problems.push(
+            "cluster.secret",
+            format!(
+                "is {} bytes long; it must be at least {MIN_SECRET_LEN} (generate one with \
+                 `openssl rand -hex 32` and pass it as `${{CLUSTER_SECRET}}`)",
+                secret.len()
+            ),
         );
     }
     let mut topics = vec![
@@ -272,6 +288,28 @@ fn managed_property(name: &str) -> Option<&'static str> {
     })
 }
 
+/// What is wrong with a link option that would weaken the relay's producer
+/// durability (`acks=all`, idempotence, and what idempotence needs), if
+/// anything. Values that agree with it are accepted.
+fn durability_problem(name: &str, value: &str) -> Option<&'static str> {
+    let value = value.trim().to_ascii_lowercase();
+    match name {
+        "acks" | "request.required.acks" if !matches!(value.as_str(), "all" | "-1") => {
+            Some("remove it, or set it to `all`")
+        }
+        "enable.idempotence" if value != "true" => Some("remove it"),
+        "max.in.flight" | "max.in.flight.requests.per.connection"
+            if !matches!(value.parse::<u32>(), Ok(1..=5)) =>
+        {
+            Some("an idempotent producer keeps 1 to 5 requests in flight: remove it")
+        }
+        "retries" | "message.send.max.retries" if matches!(value.parse::<u64>(), Ok(0)) => {
+            Some("an idempotent producer retries: remove it")
+        }
+        _ => None,
+    }
+}
+
 fn check_center(config: &RelayConfig, problems: &mut Problems) {
     let Some(center) = &config.center else {
         for (id, link) in &config.links {
@@ -284,6 +322,14 @@ fn check_center(config: &RelayConfig, problems: &mut Problems) {
         }
         return;
     };
+    if let Some(files_dir) = center.files_dir()
+        && !files_dir.is_dir()
+    {
+        problems.push(
+            "center.files_dir",
+            format!("{} is not a directory", files_dir.display()),
+        );
+    }
     match center {
         CenterConfig::Dir(dir) => {
             if !dir.dir.is_dir() {
@@ -358,11 +404,20 @@ fn check_links(links: &BTreeMap<String, LinkConfig>, problems: &mut Problems) {
                 problems.push(format!("{key}.bootstrap_servers"), problem);
             }
         }
-        for name in link.options.keys() {
+        for (name, value) in &link.options {
             if let Some(why) = managed_property(name) {
                 problems.push(
                     format!("{key}.options.{}", key_segment(name)),
                     format!("`{name}` is managed by the relay and cannot be set here: {why}"),
+                );
+            } else if let Some(why) = durability_problem(name, value) {
+                problems.push(
+                    format!("{key}.options.{}", key_segment(name)),
+                    format!(
+                        "`{name}` = `{value}` is refused: producer durability is the relay's (it \
+                         always produces with acks=all and idempotence, which at-least-once \
+                         delivery rests on); {why}"
+                    ),
                 );
             }
         }
@@ -676,6 +731,7 @@ url = "http://127.0.0.1:8080/calls"
                 wait_for_key: std::time::Duration::from_secs(1),
                 probe_timeout: std::time::Duration::from_secs(1),
                 drain_timeout: std::time::Duration::from_secs(1),
+                files_dir: None,
             })
         };
         assert_one(
@@ -707,6 +763,7 @@ url = "http://127.0.0.1:8080/calls"
                 wait_for_key: std::time::Duration::from_secs(1),
                 probe_timeout: std::time::Duration::from_secs(1),
                 drain_timeout: std::time::Duration::from_secs(1),
+                files_dir: None,
             })
         };
         assert_eq!(
@@ -739,7 +796,7 @@ url = "http://127.0.0.1:8080/calls"
 link = "main"
 client_listen = "127.0.0.1:7000"
 mesh_listen = "127.0.0.1:7001"
-secret = "0123456789abcdef"
+secret = "0123456789abcdef0123456789abcdef"
 "#;
         config.cluster = Some(toml::from_str(text).unwrap());
         config.cluster.as_mut().unwrap()
@@ -772,12 +829,96 @@ secret = "0123456789abcdef"
     }
 
     #[test]
-    fn cluster_settings_are_checked() {
+    fn a_cluster_secret_is_32_bytes_or_more_and_not_the_example_placeholder() {
+        let secret = |s: &str| {
+            let s = s.to_string();
+            problems(move |c| cluster(c).secret = s.into())
+        };
+        for short in ["short", "0123456789abcdef", &"x".repeat(31)] {
+            let found = secret(short);
+            assert_one(found.clone(), "cluster.secret", "must be at least 32");
+            assert!(found[0].contains("openssl rand -hex 32"), "{found:#?}");
+            assert!(
+                short.len() < 8 || !found[0].contains(short),
+                "the secret is quoted: {found:#?}"
+            );
+        }
+        for placeholder in [
+            "change-me-to-a-long-random-secret",
+            " CHANGE-ME-to-a-long-random-secret ",
+        ] {
+            let found = secret(placeholder);
+            assert_one(found.clone(), "cluster.secret", "the example placeholder");
+            assert!(!found[0].contains("change-me"), "{found:#?}");
+        }
+        assert_eq!(secret(&"x".repeat(32)), Vec::<String>::new());
+        // Bytes, not characters: 11 three-byte characters are 33 bytes.
+        assert_eq!(secret(&"€".repeat(11)), Vec::<String>::new());
+    }
+
+    #[test]
+    fn link_options_cannot_weaken_producer_durability() {
+        let with = |name: &str, value: &str| {
+            let (name, value) = (name.to_string(), value.to_string());
+            problems(move |c| {
+                let options = &mut c.links.get_mut("main").unwrap().options;
+                options.insert(name, value);
+            })
+        };
+        for (name, value) in [
+            ("acks", "0"),
+            ("acks", "1"),
+            ("request.required.acks", "1"),
+            ("enable.idempotence", "false"),
+            ("max.in.flight.requests.per.connection", "10"),
+            ("max.in.flight", "0"),
+            ("retries", "0"),
+            ("message.send.max.retries", "0"),
+        ] {
+            let key = format!("links.main.options.{}", key_segment(name));
+            let found = with(name, value);
+            assert_one(found.clone(), &key, "producer durability is the relay's");
+            assert!(
+                found[0].contains(&format!("`{name}` = `{value}`")),
+                "{found:#?}"
+            );
+        }
+        for (name, value) in [
+            ("acks", "all"),
+            ("acks", "-1"),
+            ("request.required.acks", "ALL"),
+            ("enable.idempotence", "true"),
+            ("max.in.flight.requests.per.connection", "5"),
+            ("retries", "10"),
+        ] {
+            assert_eq!(with(name, value), Vec::<String>::new(), "{name}={value}");
+        }
+    }
+
+    #[test]
+    fn a_center_files_dir_must_be_a_directory() {
+        let tmp = tempfile::tempdir().unwrap();
+        let center = |files_dir: std::path::PathBuf| {
+            CenterConfig::Dir(crate::config::DirCenterConfig {
+                dir: tmp.path().into(),
+                wait_for_key: Duration::from_secs(1),
+                probe_timeout: Duration::from_secs(1),
+                drain_timeout: Duration::from_secs(1),
+                files_dir: Some(files_dir),
+            })
+        };
+        let ok = center(tmp.path().into());
+        assert_eq!(problems(|c| c.center = Some(ok)), Vec::<String>::new());
+        let missing = center(tmp.path().join("missing"));
         assert_one(
-            problems(|c| cluster(c).secret = "short".to_string().into()),
-            "cluster.secret",
-            "at least 16",
+            problems(|c| c.center = Some(missing)),
+            "center.files_dir",
+            "missing is not a directory",
         );
+    }
+
+    #[test]
+    fn cluster_settings_are_checked() {
         assert_one(
             problems(|c| cluster(c).link = "other".to_string()),
             "cluster.link",

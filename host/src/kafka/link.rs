@@ -2,7 +2,8 @@
 //! librdkafka client configs built from it.
 //!
 //! The relay manages some properties itself (group, offset storage,
-//! commits); those cannot be overridden by passthrough options.
+//! commits, producer durability); those cannot be overridden by passthrough
+//! options. What a center value may set at all is [`CenterPolicy`]'s.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -11,6 +12,7 @@ use rdkafka::ClientConfig;
 use rdkafka::client::ClientContext;
 use rdkafka::config::{FromClientConfig, FromClientConfigAndContext};
 
+use super::center_policy::CenterPolicy;
 use crate::config::{REDACTED, Secret, redact};
 
 /// librdkafka properties the relay sets itself.
@@ -22,6 +24,10 @@ pub const MANAGED_PROPERTIES: &[&str] = &[
     "enable.partition.eof",
     "transactional.id",
 ];
+
+/// The producer settings the relay forces on every producer: what
+/// at-least-once delivery rests on.
+pub const DURABILITY: &[(&str, &str)] = &[("acks", "all"), ("enable.idempotence", "true")];
 
 /// Where a Kafka cluster is and how to talk to it.
 ///
@@ -74,9 +80,11 @@ impl serde::Serialize for LinkInfo {
 impl LinkInfo {
     /// Parses a config-center value: a JSON object of librdkafka properties
     /// with `bootstrap.servers` present. Numbers and booleans are accepted
-    /// and passed as text; properties the relay manages (other than
-    /// `bootstrap.servers`) are refused. The error says what is wrong.
-    pub fn from_center_value(value: &str) -> Result<LinkInfo, String> {
+    /// and passed as text. Only connection properties are accepted, and
+    /// files only inside the policy's directory (see [`CenterPolicy`]);
+    /// properties the relay manages are refused. The error names the
+    /// property that is wrong and never quotes a secret value.
+    pub fn from_center_value(value: &str, policy: &CenterPolicy) -> Result<LinkInfo, String> {
         let parsed: serde_json::Value =
             serde_json::from_str(value).map_err(|e| format!("not JSON: {e}"))?;
         let serde_json::Value::Object(object) = parsed else {
@@ -108,6 +116,7 @@ impl LinkInfo {
                     "`{key}` is managed by the relay and cannot be set here"
                 ));
             } else {
+                let text = policy.check(&key, &text)?;
                 options.insert(key, text);
             }
         }
@@ -202,14 +211,19 @@ impl LinkInfo {
     }
 
     /// Config of a producer that waits for all in-sync replicas and never
-    /// duplicates on its own retries.
+    /// duplicates on its own retries: `acks=all` and idempotence are the
+    /// relay's and win over any option (at-least-once rests on them;
+    /// librdkafka then keeps at most 5 requests in flight and retries).
     pub fn producer_config(&self) -> ClientConfig {
         let mut config = self.base_config();
-        for (key, value) in [("acks", "all"), ("linger.ms", "5")] {
-            if !self.options.contains_key(key) {
-                config.set(key, value);
-            }
+        if !self.options.contains_key("linger.ms") {
+            config.set("linger.ms", "5");
         }
+        for (key, value) in DURABILITY {
+            config.set(*key, *value);
+        }
+        // `request.required.acks` is librdkafka's other name for `acks`.
+        config.remove("request.required.acks");
         config
     }
 
@@ -239,15 +253,19 @@ mod tests {
         assert_eq!(shown.options["sasl.username"], "relay");
     }
 
+    fn center_value(value: &str) -> Result<LinkInfo, String> {
+        LinkInfo::from_center_value(value, &CenterPolicy::default())
+    }
+
     #[test]
     fn parses_center_values_and_names_what_is_wrong() {
-        let info = LinkInfo::from_center_value(
-            r#"{"bootstrap.servers": "k1:9092,k2:9092", "security.protocol": "sasl_ssl", "socket.timeout.ms": 30000, "enable.idempotence": true}"#,
+        let info = center_value(
+            r#"{"bootstrap.servers": "k1:9092,k2:9092", "security.protocol": "sasl_ssl", "socket.timeout.ms": 30000}"#,
         )
         .unwrap();
         assert_eq!(info.bootstrap_servers, "k1:9092,k2:9092");
         assert_eq!(info.options["socket.timeout.ms"], "30000");
-        assert_eq!(info.options["enable.idempotence"], "true");
+        assert_eq!(info.options["security.protocol"], "sasl_ssl");
         for (value, expected) in [
             ("kafka:9092", "not JSON"),
             ("[1, 2]", "not a JSON object"),
@@ -267,20 +285,94 @@ mod tests {
                 r#"{"bootstrap.servers": "k:1", "sasl": {"a": 1}}"#,
                 "`sasl`: expected text",
             ),
+            (
+                r#"{"bootstrap.servers": "k:1", "plugin.library.paths": "/tmp/evil.so"}"#,
+                "`plugin.library.paths` may not be set by the config center",
+            ),
+            (
+                r#"{"bootstrap.servers": "k:1", "acks": 0}"#,
+                "`acks` may not be set by the config center",
+            ),
+            (
+                r#"{"bootstrap.servers": "k:1", "enable.idempotence": false}"#,
+                "`enable.idempotence` may not be set",
+            ),
+            (
+                r#"{"bootstrap.servers": "k:1", "ssl.key.location": "/etc/shadow"}"#,
+                "`ssl.key.location` names a file",
+            ),
         ] {
-            let error = LinkInfo::from_center_value(value).unwrap_err();
+            let error = center_value(value).unwrap_err();
             assert!(error.contains(expected), "{value}: {error}");
         }
     }
 
     #[test]
+    fn center_files_resolve_inside_the_files_dir_only() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("ca.pem"), "pem").unwrap();
+        let policy = CenterPolicy {
+            files_dir: Some(dir.path().to_path_buf()),
+        };
+        let info = LinkInfo::from_center_value(
+            r#"{"bootstrap.servers": "k:1", "ssl.ca.location": "ca.pem"}"#,
+            &policy,
+        )
+        .unwrap();
+        let resolved = dir.path().canonicalize().unwrap().join("ca.pem");
+        assert_eq!(
+            info.options["ssl.ca.location"],
+            resolved.display().to_string()
+        );
+        let error = LinkInfo::from_center_value(
+            r#"{"bootstrap.servers": "k:1", "ssl.key.location": "/etc/shadow", "ssl.key.password": "Sup3r-secret"}"#,
+            &policy,
+        )
+        .unwrap_err();
+        assert!(error.contains("`ssl.key.location`"), "{error}");
+        assert!(error.contains("not inside"), "{error}");
+        assert!(!error.contains("Sup3r-secret"), "{error}");
+    }
+
+    #[test]
+    fn producers_always_wait_for_all_replicas_and_are_idempotent() {
+        let info = LinkInfo {
+            bootstrap_servers: "k:1".into(),
+            options: BTreeMap::from([
+                ("acks".to_string(), "0".to_string()),
+                ("request.required.acks".to_string(), "1".to_string()),
+                ("enable.idempotence".to_string(), "false".to_string()),
+                ("linger.ms".to_string(), "50".to_string()),
+            ]),
+        };
+        let config = info.producer_config();
+        assert_eq!(config.get("acks"), Some("all"));
+        assert_eq!(config.get("request.required.acks"), None);
+        assert_eq!(config.get("enable.idempotence"), Some("true"));
+        // Tuning stays the operator's.
+        assert_eq!(config.get("linger.ms"), Some("50"));
+        let config = LinkInfo {
+            bootstrap_servers: "k:1".into(),
+            options: BTreeMap::new(),
+        }
+        .producer_config();
+        assert_eq!(config.get("acks"), Some("all"));
+        assert_eq!(config.get("enable.idempotence"), Some("true"));
+        assert_eq!(config.get("linger.ms"), Some("5"));
+    }
+
+    #[test]
     fn client_errors_never_show_secret_values() {
         // librdkafka (through rdkafka) quotes a refused property's value;
-        // `ssl.key.password` is refused by a build without OpenSSL.
+        // `sasl.oauthbearer.client.secret` is refused by a build without
+        // libcurl (OIDC), which this one is (rdkafka without `curl`).
         let info = LinkInfo {
             bootstrap_servers: "127.0.0.1:1".into(),
             options: BTreeMap::from([
-                ("ssl.key.password".to_string(), "Sup3r-secret-1".to_string()),
+                (
+                    "sasl.oauthbearer.client.secret".to_string(),
+                    "Sup3r-secret-1".to_string(),
+                ),
                 ("sasl.password".to_string(), "Sup3r-secret-2".to_string()),
             ]),
         };
@@ -299,7 +391,7 @@ mod tests {
             .err()
             .map(|e| format!("{e:#}"))
             .unwrap_or_default();
-        assert!(error.contains("ssl.key.password"), "{error}");
+        assert!(error.contains("sasl.oauthbearer.client.secret"), "{error}");
         assert!(!error.contains("Sup3r-secret"), "{error}");
         assert!(!format!("{info:?}").contains("Sup3r-secret"));
         assert!(
@@ -311,10 +403,9 @@ mod tests {
 
     #[test]
     fn a_malformed_secret_in_a_center_value_is_not_quoted() {
-        let error = LinkInfo::from_center_value(
-            r#"{"bootstrap.servers": "k:1", "sasl.password": ["Sup3r-secret"]}"#,
-        )
-        .unwrap_err();
+        let error =
+            center_value(r#"{"bootstrap.servers": "k:1", "sasl.password": ["Sup3r-secret"]}"#)
+                .unwrap_err();
         assert!(error.contains("`sasl.password`"), "{error}");
         assert!(!error.contains("Sup3r-secret"), "{error}");
     }

@@ -3,6 +3,7 @@
 //! only finished work, a producer with back-pressure, and topic creation.
 //!
 //! - [`link`]: connection info and librdkafka client configs.
+//! - [`center_policy`]: what a config-center value may set.
 //! - [`record`]: the owned records that cross this layer.
 //! - [`offsets`]: which offsets may be committed.
 //! - [`consumer`]: the partitioned consumer ([`PartitionedConsumer`]).
@@ -10,6 +11,7 @@
 //! - [`admin`]: creating the topics the relay owns.
 
 pub mod admin;
+pub mod center_policy;
 pub mod consumer;
 pub mod link;
 pub mod offsets;
@@ -17,6 +19,7 @@ pub mod producer;
 pub mod record;
 pub mod tail;
 
+pub use center_policy::CenterPolicy;
 pub use consumer::{
     ConsumerOptions, MessageHandler, Outcome as HandleOutcome, PartitionedConsumer,
 };

@@ -2,9 +2,10 @@
 //! value of a cluster that answers, switch the link to it at once and drain
 //! the old cluster up to the high watermarks it had at the switch.
 //!
-//! A bad value (not JSON, no `bootstrap.servers`, a cluster that does not
-//! answer) and a deleted key leave the current link serving and are
-//! reported in the log and at `/links`. The center's latest value wins:
+//! A bad value (not JSON, no `bootstrap.servers`, a property outside the
+//! center's allowlist, a cluster that does not answer) and a deleted key
+//! leave the current link serving and are reported, naming the property,
+//! in the log and at `/links`. The center's latest value wins:
 //! flips in quick succession end on the last one.
 
 use std::collections::HashMap;
@@ -22,7 +23,7 @@ use super::runner::{FlowRunner, RunningConsumer};
 use super::{KafkaLink, LinkGeneration, SwitchRecord};
 use crate::center::{CenterState, Reachability};
 use crate::kafka::admin::{TopicSpec, ensure_topics};
-use crate::kafka::{LinkInfo, RelayProducer};
+use crate::kafka::{CenterPolicy, LinkInfo, RelayProducer};
 use crate::telemetry::metrics::RelayMetrics;
 
 /// How a link follows the center.
@@ -36,6 +37,8 @@ pub struct SwitchOptions {
     pub owned_topics: Vec<TopicSpec>,
     /// Options from the config file, under the center's value.
     pub base_options: std::collections::BTreeMap<String, String>,
+    /// What the center's value may set (connection properties only).
+    pub policy: CenterPolicy,
     /// Where switches and refusals are counted.
     pub metrics: Arc<RelayMetrics>,
     /// The node's tasks: the drain of an old cluster runs on it.
@@ -81,7 +84,7 @@ pub async fn follow_center(
             continue;
         };
         key_missing = false;
-        let info = match LinkInfo::from_center_value(value) {
+        let info = match LinkInfo::from_center_value(value, &options.policy) {
             Ok(mut info) => {
                 for (k, v) in &options.base_options {
                     info.options.entry(k.clone()).or_insert_with(|| v.clone());

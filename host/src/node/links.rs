@@ -13,8 +13,8 @@ use tokio_util::task::TaskTracker;
 
 use crate::center::{ConfigCenter, Reachability};
 use crate::config::{CenterConfig, LinkConfig, RelayConfig};
-use crate::kafka::LinkInfo;
 use crate::kafka::admin::{TopicSpec, ensure_topics};
+use crate::kafka::{CenterPolicy, LinkInfo};
 use crate::link::KafkaLink;
 
 /// Partitions of a topic the relay creates (dead-letter, output).
@@ -31,6 +31,14 @@ pub(super) fn owned_topics(config: &RelayConfig, id: &str) -> Vec<TopicSpec> {
         .flat_map(|f| [f.output_topic.clone(), f.dead_letter_topic.clone()])
         .map(|t| TopicSpec::new(t, CREATED_TOPIC_PARTITIONS))
         .collect()
+}
+
+/// What the center's values may set: connection properties, and files only
+/// inside the center's `files_dir`.
+pub(super) fn center_policy(center: &CenterConfig) -> CenterPolicy {
+    CenterPolicy {
+        files_dir: center.files_dir().map(Into::into),
+    }
 }
 
 /// Starts the config center; its task runs on `tasks` until `stop`.
@@ -68,7 +76,14 @@ pub(super) async fn open(
     for (id, link_config) in &config.links {
         let (info, source) = match (center, &config.center, link_config.from_center) {
             (Some(center), Some(center_config), true) => (
-                info_from_center(center, id, link_config, center_config.wait_for_key()).await?,
+                info_from_center(
+                    center,
+                    id,
+                    link_config,
+                    &center_policy(center_config),
+                    center_config.wait_for_key(),
+                )
+                .await?,
                 "center",
             ),
             _ => (
@@ -90,12 +105,13 @@ pub(super) async fn open(
     Ok(links)
 }
 
-/// Waits (up to `wait`) for `kafka.<id>` in the center and parses it; the
-/// config file's options are used under the center's.
+/// Waits (up to `wait`) for `kafka.<id>` in the center and parses it under
+/// `policy`; the config file's options are used under the center's.
 async fn info_from_center(
     center: &ConfigCenter,
     id: &str,
     link: &LinkConfig,
+    policy: &CenterPolicy,
     wait: Duration,
 ) -> anyhow::Result<LinkInfo> {
     let key = format!("{}{id}", crate::center::KAFKA_KEY_PREFIX);
@@ -104,7 +120,7 @@ async fn info_from_center(
     loop {
         let value = state.borrow_and_update().kafka_link(id).map(str::to_string);
         if let Some(value) = value {
-            let mut info = LinkInfo::from_center_value(&value).map_err(|problem| {
+            let mut info = LinkInfo::from_center_value(&value, policy).map_err(|problem| {
                 anyhow::anyhow!("link `{id}`: bad value at center key `{key}`: {problem}")
             })?;
             for (k, v) in &link.options {

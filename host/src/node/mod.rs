@@ -238,6 +238,7 @@ impl Node {
                         drain_timeout: center_config.drain_timeout(),
                         owned_topics: links::owned_topics(config, id),
                         base_options: config.links[id].options.clone(),
+                        policy: links::center_policy(center_config),
                         metrics: metrics.clone(),
                         tasks: parts.tasks.clone(),
                     },
