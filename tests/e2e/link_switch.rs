@@ -276,6 +276,125 @@ async fn bad_values_and_a_deleted_key_leave_the_old_link_serving() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn center_values_that_load_code_read_files_or_weaken_durability_are_refused() {
+    let kafka = Tansu::start();
+    kafka.create_topic(INPUT, 1).await;
+    let center = tempfile::tempdir().unwrap();
+    // A `files_dir` is set, so `/etc/shadow` is refused for lying outside
+    // it (not merely for naming a file).
+    let files = tempfile::tempdir().unwrap();
+    let key = center.path().join("kafka.main");
+    std::fs::write(&key, kafka_value(&kafka)).unwrap();
+    let app = TestApp::start(|_| (200, Vec::new(), vec![])).await;
+    let center_config = format!(
+        "{}\nfiles_dir = \"{}\"",
+        dir_center(center.path()),
+        files.path().display()
+    );
+    let relay = RelayProcess::start(
+        &relay_config(&center_config, &app.url),
+        &[("RUST_LOG", "debug")],
+    );
+    // Each value carries a secret beside the refused property: the refusal
+    // must not show it.
+    let secrets = [
+        "Sup3r-s3cret-sasl-password-beside-a-plugin",
+        "Sup3r-s3cret-ssl-key-password-beside-shadow",
+        "Sup3r-s3cret-sasl-password-beside-acks",
+    ];
+    let refused = [
+        (
+            "plugin.library.paths",
+            json!({
+                "bootstrap.servers": kafka.bootstrap(),
+                "plugin.library.paths": files.path().join("libevil.so").display().to_string(),
+                "sasl.password": secrets[0],
+            }),
+            "load native code",
+        ),
+        (
+            "ssl.key.location",
+            json!({
+                "bootstrap.servers": kafka.bootstrap(),
+                "ssl.key.location": "/etc/shadow",
+                "ssl.key.password": secrets[1],
+            }),
+            "not inside the center's `files_dir`",
+        ),
+        (
+            "acks",
+            json!({
+                "bootstrap.servers": kafka.bootstrap(),
+                "acks": 0,
+                "sasl.password": secrets[2],
+            }),
+            "durability is the relay's",
+        ),
+    ];
+    let mut sent = 0;
+    for (property, value, why) in refused {
+        let tmp = center.path().join(".tmp");
+        std::fs::write(&tmp, value.to_string()).unwrap();
+        std::fs::rename(&tmp, &key).unwrap();
+        let named = format!("`{property}`");
+        relay
+            .wait_for(
+                &format!("{property} refused in /links"),
+                Duration::from_secs(30),
+                || {
+                    links(&relay)["links"][0]["status"]["last_error"]
+                        .as_str()
+                        .is_some_and(|e| e.contains(&named))
+                },
+            )
+            .await;
+        let link = &links(&relay)["links"][0];
+        let error = link["status"]["last_error"].as_str().unwrap();
+        assert!(error.contains("kafka.main"), "{error}");
+        assert!(error.contains(why), "{error}");
+        // The link was not touched: same cluster, none of the value's options.
+        assert_eq!(link["current"]["bootstrap_servers"], kafka.bootstrap());
+        let options = link["current"]["options"].as_object().unwrap();
+        assert!(!options.contains_key(property), "{link}");
+        assert!(!options.contains_key("sasl.password"), "{link}");
+        assert_eq!(link["switches"].as_array().map(Vec::len), Some(0), "{link}");
+        // And it keeps serving.
+        kafka.produce(INPUT, numbered(sent..sent + 10)).await;
+        sent += 10;
+        relay
+            .wait_for(
+                "traffic on the current link",
+                Duration::from_secs(30),
+                || received(&app).len() as u64 == sent,
+            )
+            .await;
+    }
+    assert_eq!(
+        relay.metric(r#"wasmrelay_link_switches_refused_total{link="main"}"#),
+        3
+    );
+    assert_eq!(
+        relay.metric(r#"wasmrelay_link_switches_total{link="main"}"#),
+        0
+    );
+    let log = relay.log();
+    for property in ["plugin.library.paths", "ssl.key.location", "acks"] {
+        assert!(
+            log.lines()
+                .any(|l| l.contains("keeping the current link")
+                    && l.contains(&format!("`{property}`"))),
+            "no log line names `{property}`:\n{log}"
+        );
+    }
+    let (_, body) = http_get(&format!("{}/links", relay.admin)).unwrap();
+    assert!(log.contains(" DEBUG "), "the log is not at debug level");
+    for secret in secrets {
+        assert!(!log.contains(secret), "a secret shows in the log");
+        assert!(!body.contains(secret), "a secret shows in /links: {body}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn quick_flips_end_on_the_last_value_in_a_consistent_state() {
     let (kafka1, kafka2) = (Tansu::start(), Tansu::start());
     kafka1.create_topic(INPUT, 2).await;
