@@ -6,6 +6,7 @@
 
 #![allow(clippy::unwrap_used)]
 
+mod admin_listener;
 mod cluster;
 mod demo;
 mod harness;

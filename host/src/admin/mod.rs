@@ -4,8 +4,18 @@
 //! (loaded versions), `/links` (current Kafka connection per link, secrets
 //! redacted, and the history of switches).
 //!
+//! Access: the probes answer anyone; the read-only endpoints need the
+//! bearer token when one is configured (and config validation requires one
+//! off loopback); any request that is not a `GET` or `HEAD` needs the token
+//! always, whatever the address, so a state-changing route added later is
+//! guarded without further work ([`auth`]).
+//!
 //! Owns: routing and rendering. The state it shows belongs to the modules
-//! that own it; they hand it over through [`AdminState`].
+//! that own it; they hand it over through [`AdminState`]. Connections,
+//! timeouts and the connection cap are [`serve`]'s.
+
+pub mod auth;
+pub mod serve;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -21,7 +31,9 @@ use serde_json::json;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
-use crate::config::Secret;
+pub use self::auth::AccessPolicy;
+pub use self::serve::ServeOptions;
+use crate::config::AdminConfig;
 use crate::plugin::PluginRegistry;
 use crate::telemetry::metrics::RelayMetrics;
 
@@ -67,10 +79,14 @@ impl AdminState {
     }
 }
 
-/// The routes of the admin API. With a token, every endpoint but the
-/// probes (`/healthz`, `/readyz`) needs `Authorization: Bearer <token>`.
-pub fn router(state: Arc<AdminState>, token: Option<Secret>) -> Router {
-    let guarded = Router::new()
+/// The routes of the admin API, in three tiers: the probes (`/healthz`,
+/// `/readyz`) answer anyone; the read-only endpoints need `Authorization:
+/// Bearer <token>` when `policy` has a token; a request with any method but
+/// `GET` or `HEAD`, on any path, needs the token always (403 when none is
+/// configured).
+pub fn router(state: Arc<AdminState>, policy: AccessPolicy) -> Router {
+    let reads_policy = policy.clone();
+    let reads = Router::new()
         .route("/metrics", get(metrics))
         .route("/plugins", get(plugins))
         .route("/links", get(links))
@@ -78,45 +94,17 @@ pub fn router(state: Arc<AdminState>, token: Option<Secret>) -> Router {
         .route("/processes", get(processes))
         .fallback(not_found)
         .layer(axum::middleware::from_fn(move |request, next| {
-            require_token(token.clone(), request, next)
+            auth::require_token_if_set(reads_policy.clone(), request, next)
         }));
     Router::new()
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
-        .merge(guarded)
+        .merge(reads)
         .with_state(state)
-}
-
-/// Lets a request through when no token is configured or it carries the
-/// token as a bearer credential (compared in constant time); 401 otherwise.
-async fn require_token(
-    token: Option<Secret>,
-    request: axum::extract::Request,
-    next: axum::middleware::Next,
-) -> Response {
-    let Some(token) = token else {
-        return next.run(request).await;
-    };
-    let presented = request
-        .headers()
-        .get(header::AUTHORIZATION)
-        .and_then(|value| value.to_str().ok())
-        .and_then(|value| value.strip_prefix("Bearer "))
-        .unwrap_or("");
-    if constant_time_eq(presented.as_bytes(), token.expose().as_bytes()) {
-        return next.run(request).await;
-    }
-    (
-        StatusCode::UNAUTHORIZED,
-        [(header::WWW_AUTHENTICATE, "Bearer")],
-        Json(json!({"error": "this endpoint needs `Authorization: Bearer <admin.token>`"})),
-    )
-        .into_response()
-}
-
-/// Equal bytes, in time that depends only on the lengths.
-fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
-    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+        // Outermost, over every route and the fallback.
+        .layer(axum::middleware::from_fn(move |request, next| {
+            auth::require_token_for_changes(policy.clone(), request, next)
+        }))
 }
 
 /// Binds the admin listener (so that a port in use fails start-up with a clear error).
@@ -126,17 +114,39 @@ pub async fn bind(addr: SocketAddr) -> anyhow::Result<TcpListener> {
         .map_err(|e| anyhow::anyhow!("binding the admin listener on {addr}: {e}"))
 }
 
-/// Serves the admin API until `shutdown` is cancelled.
+/// Serves the admin API on `listener` under `config`'s token, timeouts and
+/// connection cap until `shutdown` is cancelled; returns once every
+/// connection has closed (within [`serve::SHUTDOWN_DRAIN`] of it).
 pub async fn serve(
     listener: TcpListener,
     state: Arc<AdminState>,
-    token: Option<Secret>,
+    config: AdminConfig,
     shutdown: CancellationToken,
-) -> anyhow::Result<()> {
-    axum::serve(listener, router(state, token))
-        .with_graceful_shutdown(async move { shutdown.cancelled().await })
-        .await
-        .map_err(|e| anyhow::anyhow!("admin server: {e}"))
+) {
+    if config.token.is_none() && !config.on_loopback() {
+        // Validation lets this through only with the explicit opt-in.
+        tracing::warn!(
+            listen = %config.listen,
+            "the admin API serves metrics, links, plugins and cluster state WITHOUT a token on a \
+             non-loopback address (admin.allow_unauthenticated = true): anyone who can reach it \
+             can read them; set admin.token"
+        );
+    }
+    let metrics = state.metrics.admin();
+    let app = router(
+        state,
+        AccessPolicy {
+            token: config.token.clone(),
+        },
+    );
+    serve::run(
+        listener,
+        app,
+        ServeOptions::from(&config),
+        metrics,
+        shutdown,
+    )
+    .await;
 }
 
 async fn healthz() -> &'static str {

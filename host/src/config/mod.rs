@@ -769,12 +769,20 @@ dead_letter_topic = "dlq"
 
         // ADMIN_ADDR and NODE_ID override the defaults.
         let env2 = |name: &str| match name {
-            "ADMIN_ADDR" => Some("0.0.0.0:9500".to_string()),
+            "ADMIN_ADDR" => Some("127.0.0.1:9500".to_string()),
             "NODE_ID" => Some("sidecar-7".to_string()),
             other => env(other),
         };
         let config = load_with_env(&path, &env2).unwrap();
-        assert_eq!(config.admin.listen.to_string(), "0.0.0.0:9500");
+        assert_eq!(config.admin.listen.to_string(), "127.0.0.1:9500");
         assert_eq!(config.node.id, "sidecar-7");
+        // Off loopback the example needs its token (commented out there).
+        let env3 = |name: &str| match name {
+            "ADMIN_ADDR" => Some("0.0.0.0:9500".to_string()),
+            other => env(other),
+        };
+        let error = load_with_env(&path, &env3).unwrap_err().to_string();
+        assert!(error.contains("admin.listen"), "{error}");
+        assert!(error.contains("admin.token"), "{error}");
     }
 }

@@ -65,13 +65,44 @@ impl Default for NodeConfig {
 #[serde(deny_unknown_fields)]
 pub struct AdminConfig {
     /// Address to listen on. Localhost by default: expose it deliberately.
+    /// Off loopback a `token` is required (or `allow_unauthenticated`).
     #[serde(default = "default_admin_listen")]
     pub listen: SocketAddr,
     /// Bearer token (`Authorization: Bearer <token>`) required by every
-    /// endpoint but `/healthz` and `/readyz`; without it they are open to
-    /// whoever reaches the listener (keep it on localhost then).
+    /// endpoint but `/healthz` and `/readyz`, and by every request that is
+    /// not a `GET` or `HEAD` (those may change state) whatever the address.
+    /// Without it the read-only endpoints answer whoever reaches the
+    /// listener, so it is required when `listen` is not a loopback address.
     #[serde(default)]
     pub token: Option<Secret>,
+    /// Serve the read-only endpoints without a token on an address that is
+    /// not loopback (metrics and state for anyone who can reach it). Off by
+    /// default; logs a warning at start when it takes effect.
+    #[serde(default)]
+    pub allow_unauthenticated: bool,
+    /// How long a client may take to send a whole request head (request
+    /// line and headers) from its first byte; then the connection is closed.
+    #[serde(default = "default_admin_header_timeout", with = "humantime_serde")]
+    pub header_timeout: Duration,
+    /// How long a connection may stay open with no request in progress and
+    /// nothing sent (a keep-alive connection between requests, or one that
+    /// never sends anything); then it is closed.
+    #[serde(default = "default_admin_idle_timeout", with = "humantime_serde")]
+    pub idle_timeout: Duration,
+    /// Admin connections open at once, at most; a connection beyond them is
+    /// closed as soon as it is accepted (counted in
+    /// `wasmrelay_admin_connections_refused_total`).
+    #[serde(default = "default_admin_max_connections")]
+    pub max_connections: usize,
+}
+
+impl AdminConfig {
+    /// Whether `listen` is a loopback address (an IPv4 one written as IPv6,
+    /// `::ffff:127.0.0.1`, too). The unspecified address (`0.0.0.0`, `::`)
+    /// is not: it listens on every interface.
+    pub fn on_loopback(&self) -> bool {
+        self.listen.ip().to_canonical().is_loopback()
+    }
 }
 
 impl Default for AdminConfig {
@@ -79,6 +110,10 @@ impl Default for AdminConfig {
         AdminConfig {
             listen: default_admin_listen(),
             token: None,
+            allow_unauthenticated: false,
+            header_timeout: default_admin_header_timeout(),
+            idle_timeout: default_admin_idle_timeout(),
+            max_connections: default_admin_max_connections(),
         }
     }
 }
@@ -504,6 +539,18 @@ fn default_node_id() -> String {
 
 fn default_admin_listen() -> SocketAddr {
     SocketAddr::from(([127, 0, 0, 1], 9464))
+}
+
+fn default_admin_header_timeout() -> Duration {
+    Duration::from_secs(10)
+}
+
+fn default_admin_idle_timeout() -> Duration {
+    Duration::from_secs(30)
+}
+
+fn default_admin_max_connections() -> usize {
+    256
 }
 
 fn default_shutdown_grace() -> Duration {

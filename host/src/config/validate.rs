@@ -28,15 +28,7 @@ pub fn validate(config: &RelayConfig) -> Result<(), Vec<Problem>> {
     if !is_identifier(&config.node.id) {
         problems.push("node.id", not_identifier("node id", &config.node.id));
     }
-    if let Some(token) = &config.admin.token
-        && token.expose().trim().is_empty()
-    {
-        problems.push(
-            "admin.token",
-            "must not be empty: set a token, or remove the key to leave the admin API open to \
-             whoever reaches its listener",
-        );
-    }
+    check_admin(&config.admin, &mut problems);
     let plugin_files = check_plugins(&config.plugins, &mut problems);
     check_center(config, &mut problems);
     check_links(&config.links, &mut problems);
@@ -48,6 +40,51 @@ pub fn validate(config: &RelayConfig) -> Result<(), Vec<Problem>> {
     }
     check_cluster(config, &mut problems);
     problems.finish()
+}
+
+/// Most admin connections a node may be told to hold open.
+const MAX_ADMIN_CONNECTIONS: usize = 65_536;
+
+/// Checks `[admin]`: an admin API off loopback needs a token unless the
+/// operator opted out loudly; a token must not be blank.
+fn check_admin(admin: &super::AdminConfig, problems: &mut Problems) {
+    match &admin.token {
+        Some(token) if token.expose().trim().is_empty() => problems.push(
+            "admin.token",
+            "must not be empty: set a token (e.g. `token = \"${ADMIN_TOKEN}\"` with a value \
+             from `openssl rand -hex 32`), or remove the key on a loopback address",
+        ),
+        Some(_) if admin.allow_unauthenticated => problems.push(
+            "admin.allow_unauthenticated",
+            "cannot be set together with `admin.token`: remove one of them",
+        ),
+        Some(_) => {}
+        None if !admin.on_loopback() && !admin.allow_unauthenticated => problems.push(
+            "admin.listen",
+            format!(
+                "`{}` is not a loopback address, so the admin API needs `admin.token` \
+                 (e.g. `token = \"${{ADMIN_TOKEN}}\"` with a value from `openssl rand -hex 32`); \
+                 to serve metrics and state to anyone who can reach it instead, set \
+                 `admin.allow_unauthenticated = true`",
+                admin.listen
+            ),
+        ),
+        None => {}
+    }
+    for (key, value) in [
+        ("admin.header_timeout", admin.header_timeout),
+        ("admin.idle_timeout", admin.idle_timeout),
+    ] {
+        if value.is_zero() {
+            problems.push(key, "must be more than zero");
+        }
+    }
+    if !(1..=MAX_ADMIN_CONNECTIONS).contains(&admin.max_connections) {
+        problems.push(
+            "admin.max_connections",
+            format!("must be from 1 to {MAX_ADMIN_CONNECTIONS}"),
+        );
+    }
 }
 
 /// The shortest cluster secret accepted, in bytes (`openssl rand -hex 32`
@@ -1300,5 +1337,136 @@ secret = "0123456789abcdef0123456789abcdef"
         assert_one(token(Some("  ")), "admin.token", "must not be empty");
         assert_eq!(token(Some("s3cret")), Vec::<String>::new());
         assert_eq!(token(None), Vec::<String>::new());
+    }
+
+    /// `[admin]` with `listen`, `token` and `allow_unauthenticated` set.
+    fn admin_problems(listen: &str, token: Option<&str>, allow: bool) -> Vec<String> {
+        let listen = listen.parse().unwrap();
+        let token = token.map(|t| t.to_string().into());
+        problems(move |c| {
+            c.admin = AdminConfig {
+                listen,
+                token,
+                allow_unauthenticated: allow,
+                ..AdminConfig::default()
+            }
+        })
+    }
+
+    #[test]
+    fn an_admin_api_off_loopback_needs_a_token_or_the_explicit_opt_in() {
+        for listen in [
+            "0.0.0.0:9464",
+            "10.1.2.3:9464",
+            "[::]:9464",
+            "192.168.0.7:0",
+        ] {
+            let found = admin_problems(listen, None, false);
+            assert_one(found.clone(), "admin.listen", "is not a loopback address");
+            assert!(found[0].contains("admin.token"), "{found:#?}");
+            assert!(found[0].contains("allow_unauthenticated"), "{found:#?}");
+            assert_eq!(
+                admin_problems(listen, Some("s3cret"), false),
+                Vec::<String>::new()
+            );
+            assert_eq!(admin_problems(listen, None, true), Vec::<String>::new());
+        }
+        for listen in [
+            "127.0.0.1:9464",
+            "127.0.0.2:0",
+            "[::1]:9464",
+            "[::ffff:127.0.0.1]:9464",
+        ] {
+            assert_eq!(
+                admin_problems(listen, None, false),
+                Vec::<String>::new(),
+                "{listen}"
+            );
+        }
+    }
+
+    /// The relay config embedded in the Kubernetes example, its paths
+    /// pointed at `plugins` and `center`.
+    fn kubernetes_example(plugins: &Path, center: &Path) -> String {
+        let manifest = std::fs::read_to_string(
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/kubernetes/sidecar.yaml"),
+        )
+        .unwrap();
+        let start = manifest.find("  relay.toml: |\n").unwrap() + "  relay.toml: |\n".len();
+        let end = start + manifest[start..].find("\n---").unwrap();
+        manifest[start..end]
+            .lines()
+            .map(|line| line.strip_prefix("    ").unwrap_or(line))
+            .collect::<Vec<_>>()
+            .join("\n")
+            .replace("\"/plugins\"", &format!("\"{}\"", plugins.display()))
+            .replace(
+                "\"/etc/wasmrelay/center\"",
+                &format!("\"{}\"", center.display()),
+            )
+    }
+
+    #[test]
+    fn the_kubernetes_example_takes_its_admin_token_from_the_environment() {
+        let plugins = tempfile::tempdir().unwrap();
+        for name in ["json-enrich", "mask-fields"] {
+            std::fs::write(plugins.path().join(format!("{name}.wasm")), b"").unwrap();
+        }
+        let center = tempfile::tempdir().unwrap();
+        let text = kubernetes_example(plugins.path(), center.path());
+        let env = |name: &str| match name {
+            "POD_NAME" => Some("orders-7".to_string()),
+            "ADMIN_TOKEN" => Some("0123456789abcdef0123456789abcdef".to_string()),
+            _ => None,
+        };
+        let config = crate::config::parse(&text, "sidecar.yaml", &env).unwrap();
+        assert!(!config.admin.on_loopback(), "{}", config.admin.listen);
+        assert_eq!(
+            config.admin.token.as_ref().map(|t| t.expose()),
+            Some("0123456789abcdef0123456789abcdef")
+        );
+        assert!(!config.admin.allow_unauthenticated);
+        // Without the Secret's variable it does not start.
+        let unset = |name: &str| (name == "POD_NAME").then(|| "orders-7".to_string());
+        let error = crate::config::parse(&text, "sidecar.yaml", &unset)
+            .unwrap_err()
+            .to_string();
+        assert!(error.contains("ADMIN_TOKEN"), "{error}");
+    }
+
+    #[test]
+    fn an_admin_token_and_the_opt_out_together_are_refused() {
+        assert_one(
+            admin_problems("0.0.0.0:9464", Some("s3cret"), true),
+            "admin.allow_unauthenticated",
+            "cannot be set together with `admin.token`",
+        );
+    }
+
+    #[test]
+    fn admin_timeouts_and_the_connection_cap_must_be_positive() {
+        let with = |f: fn(&mut AdminConfig)| {
+            problems(move |c| {
+                let mut admin = AdminConfig::default();
+                f(&mut admin);
+                c.admin = admin;
+            })
+        };
+        assert_one(
+            with(|a| a.header_timeout = Duration::ZERO),
+            "admin.header_timeout",
+            "must be more than zero",
+        );
+        assert_one(
+            with(|a| a.idle_timeout = Duration::ZERO),
+            "admin.idle_timeout",
+            "must be more than zero",
+        );
+        assert_one(
+            with(|a| a.max_connections = 0),
+            "admin.max_connections",
+            "must be from 1 to 65536",
+        );
+        assert_eq!(with(|a| a.max_connections = 1), Vec::<String>::new());
     }
 }

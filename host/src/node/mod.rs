@@ -177,7 +177,7 @@ impl Node {
         parts.tasks.spawn(admin::serve(
             admin_listener,
             admin_state.clone(),
-            config.admin.token.clone(),
+            config.admin.clone(),
             parts.admin_stop.clone(),
         ));
         parts.admin = Some(admin_state.clone());

@@ -48,6 +48,33 @@ pub struct RelayMetrics {
     link_switches_refused: Family<LinkLabels, Counter>,
     center_reachable: Gauge,
     cluster: ClusterMetrics,
+    admin: AdminMetrics,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct TimeoutLabels {
+    timeout: &'static str,
+}
+
+/// The admin listener's connections; cheap to clone.
+#[derive(Clone, Debug, Default)]
+pub struct AdminMetrics {
+    /// Admin connections open now.
+    pub open: Gauge,
+    /// Connections closed as soon as accepted: `max_connections` were open.
+    pub refused: Counter,
+    timed_out: Family<TimeoutLabels, Counter>,
+}
+
+impl AdminMetrics {
+    /// Counts a connection closed by the header timeout (`header = true`)
+    /// or the idle timeout.
+    pub fn timed_out(&self, header: bool) {
+        let timeout = if header { "header" } else { "idle" };
+        self.timed_out
+            .get_or_create(&TimeoutLabels { timeout })
+            .inc();
+    }
 }
 
 /// Gauges of the cluster as this node sees it; cheap to clone and set.
@@ -172,8 +199,25 @@ impl RelayMetrics {
             "Process routes in this node's route table",
             cluster.routes.clone(),
         );
+        let admin = AdminMetrics::default();
+        registry.register(
+            "admin_connections",
+            "Connections open on the admin listener",
+            admin.open.clone(),
+        );
+        registry.register(
+            "admin_connections_refused",
+            "Admin connections closed as soon as accepted because max_connections were open",
+            admin.refused.clone(),
+        );
+        registry.register(
+            "admin_connections_timed_out",
+            "Admin connections closed by the header or the idle timeout, per timeout",
+            admin.timed_out.clone(),
+        );
         RelayMetrics {
             cluster,
+            admin,
             registry: Mutex::new(registry),
             link_switches,
             link_switches_refused,
@@ -227,6 +271,11 @@ impl RelayMetrics {
     /// The cluster gauges.
     pub fn cluster(&self) -> ClusterMetrics {
         self.cluster.clone()
+    }
+
+    /// The admin listener's connection metrics.
+    pub fn admin(&self) -> AdminMetrics {
+        self.admin.clone()
     }
 
     /// Whether the config center can be read.

@@ -11,6 +11,7 @@
 #[path = "../support/mod.rs"]
 mod support;
 
+mod admin;
 mod center_etcd;
 mod gateway_protocol;
 mod kafka_broker;
