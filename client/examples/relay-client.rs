@@ -3,9 +3,16 @@
 //! `--reply` it first sends the value back upstream and waits for the node's
 //! acknowledgement. Other events are logged on stderr.
 //!
+//! The nodes authenticate the process: give a token for its id with
+//! `--token-file` (read again at every reconnection, so it can be
+//! refreshed in place) or `--token` / `WASMRELAY_TOKEN`. A refused token
+//! ends the client at once with the node's reason.
+//!
 //! ```text
+//! wasmrelay token issue --key client-token.key --process billing-1 --ttl 1h > billing-1.token
 //! cargo run -p wasmrelay-client --example relay-client -- \
-//!     --connect 127.0.0.1:7400,127.0.0.1:7401 --process-id billing-1 --reply --count 10
+//!     --connect 127.0.0.1:7400,127.0.0.1:7401 --process-id billing-1 \
+//!     --token-file billing-1.token --reply --count 10
 //! ```
 
 use std::io::Write as _;
@@ -34,6 +41,18 @@ struct Args {
     /// The business process id to register.
     #[arg(long, env = "WASMRELAY_PROCESS_ID")]
     process_id: String,
+    /// The token for the process id (a JWT), sent in the Hello. Prefer
+    /// `--token-file`: a command line is visible to other local users.
+    #[arg(
+        long,
+        env = "WASMRELAY_TOKEN",
+        hide_env_values = true,
+        conflicts_with = "token_file"
+    )]
+    token: Option<String>,
+    /// A file holding the token, read again for every connection attempt.
+    #[arg(long, env = "WASMRELAY_TOKEN_FILE", value_name = "FILE")]
+    token_file: Option<std::path::PathBuf>,
     /// Send each delivery's value back upstream (same key, in reply to the
     /// delivery) and wait for its acknowledgement before acking.
     #[arg(long)]
@@ -63,7 +82,13 @@ async fn main() -> ExitCode {
 }
 
 async fn run(args: Args) -> Result<(), String> {
-    let config = ClientConfig::new(args.connect, args.process_id);
+    let mut config = ClientConfig::new(args.connect, args.process_id);
+    if let Some(token) = args.token {
+        config = config.with_token(token);
+    }
+    if let Some(path) = args.token_file {
+        config = config.with_token_file(path);
+    }
     let (client, mut events) = Client::connect(config).await.map_err(|e| e.to_string())?;
     let mut delivered = 0u64;
     if args.count == Some(0) {

@@ -66,7 +66,8 @@ impl Client {
     /// [`ClientError::Unreachable`] when no address did, and at once with
     /// [`ClientError::Refused`] when a node refuses the process for a
     /// reason retrying cannot fix (unsupported protocol version, bad process
-    /// id). This first round is not retried; call `connect` again to retry.
+    /// id, a token refused with `UNAUTHORIZED`), and with
+    /// [`ClientError::Token`] when the configured token cannot be read. This first round is not retried; call `connect` again to retry.
     ///
     /// From then on a background task keeps the connection: it pings the
     /// node every half keepalive (from the `Welcome`), answers its pings,

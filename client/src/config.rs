@@ -4,6 +4,7 @@
 use std::time::Duration;
 
 use crate::error::ClientError;
+use crate::token::Token;
 
 /// How a [`Client`](crate::Client) connects and reconnects.
 ///
@@ -13,7 +14,8 @@ use crate::error::ClientError;
 /// use std::time::Duration;
 /// use wasmrelay_client::ClientConfig;
 ///
-/// let mut config = ClientConfig::new(["10.0.0.1:7400", "10.0.0.2:7400"], "billing-worker-1");
+/// let mut config = ClientConfig::new(["10.0.0.1:7400", "10.0.0.2:7400"], "billing-worker-1")
+///     .with_token_file("/var/run/secrets/wasmrelay/token");
 /// config.max_backoff = Duration::from_secs(10);
 /// ```
 #[derive(Clone, Debug)]
@@ -47,6 +49,13 @@ pub struct ClientConfig {
     /// waiting for a connection while disconnected, then waiting for the
     /// node's `SendAck`. Default 30 s.
     pub send_timeout: Duration,
+    /// The token sent in every `Hello`: a JWT for
+    /// [`process_id`](ClientConfig::process_id) signed by a key the cluster
+    /// trusts (`wasmrelay token issue` makes one). Read again for every
+    /// connection attempt, so a file or function can hand out refreshed
+    /// tokens. Without it only a node with `client_auth = "none"` accepts
+    /// the process. Default: none.
+    pub token: Option<Token>,
 }
 
 impl ClientConfig {
@@ -66,7 +75,31 @@ impl ClientConfig {
             connect_timeout: Duration::from_secs(5),
             max_frame_bytes: wasmrelay_protocol::DEFAULT_MAX_FRAME_BYTES,
             send_timeout: Duration::from_secs(30),
+            token: None,
         }
+    }
+
+    /// This configuration with a fixed token.
+    pub fn with_token(mut self, token: impl Into<String>) -> ClientConfig {
+        self.token = Some(Token::new(token));
+        self
+    }
+
+    /// This configuration with a token read from `path` for every
+    /// connection attempt.
+    pub fn with_token_file(mut self, path: impl AsRef<std::path::Path>) -> ClientConfig {
+        self.token = Some(Token::from_file(path));
+        self
+    }
+
+    /// This configuration with a token from `token` for every connection
+    /// attempt.
+    pub fn with_token_fn<F>(mut self, token: F) -> ClientConfig
+    where
+        F: Fn() -> Result<String, String> + Send + Sync + 'static,
+    {
+        self.token = Some(Token::from_fn(token));
+        self
     }
 
     /// Checks the configuration before connecting.

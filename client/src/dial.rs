@@ -51,6 +51,8 @@ pub(crate) enum DialError {
     },
     /// Every candidate failed; each failure in order.
     Unreachable(Vec<(String, String)>),
+    /// The token could not be had; no candidate was tried.
+    Token(String),
 }
 
 impl From<DialError> for ClientError {
@@ -66,30 +68,37 @@ impl From<DialError> for ClientError {
                 message,
             },
             DialError::Unreachable(failures) => ClientError::Unreachable { failures },
+            DialError::Token(reason) => ClientError::Token(reason),
         }
     }
 }
 
-/// Error codes that retrying (here or elsewhere) cannot fix.
+/// Error codes that retrying (here or elsewhere) cannot fix. A refused
+/// token is one: every node of a cluster trusts the same keys.
 pub(crate) fn is_permanent(code: ErrorCode) -> bool {
     matches!(
         code,
-        ErrorCode::UnsupportedVersion | ErrorCode::BadProcessId
+        ErrorCode::UnsupportedVersion | ErrorCode::BadProcessId | ErrorCode::Unauthorized
     )
 }
 
 /// Tries the candidates in order until one welcomes the process. A
 /// `Redirect` puts its addresses first in line (up to [`MAX_REDIRECTS`]
-/// hops); a permanent refusal stops at once.
+/// hops); a permanent refusal stops at once. The token is read once per
+/// round.
 pub(crate) async fn register(
     config: &ClientConfig,
     candidates: Vec<Candidate>,
 ) -> Result<Registered, DialError> {
+    let token = match &config.token {
+        Some(token) => token.current().await.map_err(DialError::Token)?,
+        None => String::new(),
+    };
     let mut line: VecDeque<(Candidate, u32)> = candidates.into_iter().map(|c| (c, 0)).collect();
     let mut failures = Vec::new();
     while let Some((candidate, hops)) = line.pop_front() {
         let Candidate { address, origin } = candidate;
-        match attempt(config, &address).await {
+        match attempt(config, &token, &address).await {
             Ok(Answer::Welcome(transport, welcome)) => {
                 return Ok(Registered {
                     transport,
@@ -148,9 +157,9 @@ enum Attempt {
 
 /// Connects to `address`, says `Hello` and waits for the answer, all within
 /// the connect timeout.
-async fn attempt(config: &ClientConfig, address: &str) -> Result<Answer, Attempt> {
+async fn attempt(config: &ClientConfig, token: &str, address: &str) -> Result<Answer, Attempt> {
     let timeout = config.connect_timeout;
-    match tokio::time::timeout(timeout, handshake(config, address)).await {
+    match tokio::time::timeout(timeout, handshake(config, token, address)).await {
         Ok(result) => result,
         Err(_) => Err(Attempt::Failed(format!(
             "no answer within the connect timeout of {timeout:?}"
@@ -158,7 +167,7 @@ async fn attempt(config: &ClientConfig, address: &str) -> Result<Answer, Attempt
     }
 }
 
-async fn handshake(config: &ClientConfig, address: &str) -> Result<Answer, Attempt> {
+async fn handshake(config: &ClientConfig, token: &str, address: &str) -> Result<Answer, Attempt> {
     let stream = TcpStream::connect(address)
         .await
         .map_err(|e| Attempt::Failed(format!("cannot connect: {e}")))?;
@@ -171,6 +180,7 @@ async fn handshake(config: &ClientConfig, address: &str) -> Result<Answer, Attem
         process_id: config.process_id.clone(),
         client_name: config.client_name.clone(),
         accepts_redirect: true,
+        token: token.to_string(),
     });
     transport
         .send(Frame::of(hello))

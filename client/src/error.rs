@@ -15,7 +15,9 @@ pub enum ClientError {
     #[error("invalid client configuration: {0}")]
     InvalidConfig(String),
     /// A node refused the process for a reason that retrying cannot fix
-    /// (`UNSUPPORTED_VERSION`, `BAD_PROCESS_ID`). No other address is tried.
+    /// (`UNSUPPORTED_VERSION`, `BAD_PROCESS_ID`, or `UNAUTHORIZED`: the
+    /// token is missing, expired, not signed by a trusted key or for another
+    /// process id). No other address is tried.
     #[error("{address} refused the connection ({}): {message}", code.as_str_name())]
     Refused {
         /// The node address that answered.
@@ -25,6 +27,10 @@ pub enum ClientError {
         /// Its explanation.
         message: String,
     },
+    /// The configured token could not be had (its file is missing or
+    /// empty, its function failed); no node was contacted.
+    #[error("no token to send: {0}")]
+    Token(String),
     /// No address accepted the process: each was unreachable, timed out,
     /// answered with a retryable error or redirected too often.
     #[error("no relay node accepted the connection: {}", Failures(.failures))]

@@ -35,8 +35,8 @@ pub enum Event {
         reason: String,
     },
     /// While reconnecting, a node refused the process for a reason retrying
-    /// cannot fix (`UNSUPPORTED_VERSION`, `BAD_PROCESS_ID`); the client stops
-    /// and the stream ends after this event.
+    /// cannot fix (`UNSUPPORTED_VERSION`, `BAD_PROCESS_ID`, `UNAUTHORIZED`);
+    /// the client stops and the stream ends after this event.
     Refused {
         /// The node address, error code and message.
         reason: String,

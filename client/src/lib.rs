@@ -7,11 +7,18 @@
 //! [`Client::send`]. The client keeps the connection alive, follows the
 //! node's redirects and rebalancing, and reconnects on its own.
 //!
+//! Nodes authenticate the process: its `Hello` carries a [`Token`] (a JWT
+//! for its process id) given in the [`ClientConfig`] as a string, a file or
+//! a function, read again for every connection attempt. A node that refuses
+//! the token (`UNAUTHORIZED`) stops the client with a clear error rather
+//! than retrying.
+//!
 //! ```no_run
 //! use wasmrelay_client::{Client, ClientConfig, Event, OutgoingMessage};
 //!
 //! # async fn run() -> Result<(), Box<dyn std::error::Error>> {
-//! let config = ClientConfig::new(["relay-1:7400", "relay-2:7400"], "billing-worker-1");
+//! let config = ClientConfig::new(["relay-1:7400", "relay-2:7400"], "billing-worker-1")
+//!     .with_token_file("/var/run/secrets/wasmrelay/token");
 //! let (client, mut events) = Client::connect(config).await?;
 //! while let Some(event) = events.next().await {
 //!     match event {
@@ -43,6 +50,7 @@ mod error;
 mod events;
 mod message;
 mod supervisor;
+mod token;
 
 pub use client::Client;
 pub use config::ClientConfig;
@@ -50,4 +58,5 @@ pub use delivery::{Delivery, MAX_NACK_REASON_BYTES};
 pub use error::{AckError, ClientError, SendError};
 pub use events::{Event, Events};
 pub use message::{IncomingMessage, OutgoingMessage};
+pub use token::Token;
 pub use wasmrelay_protocol::v1::ErrorCode;

@@ -240,6 +240,10 @@ impl Supervisor {
                 Err(DialError::Unreachable(failures)) => {
                     tracing::warn!(?failures, "no relay node accepted the connection; retrying");
                 }
+                // The token file may be being replaced: try again later.
+                Err(DialError::Token(reason)) => {
+                    tracing::warn!(%reason, "no token to send; retrying");
+                }
             }
         }
     }

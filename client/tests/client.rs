@@ -1,5 +1,7 @@
 //! The client against a fake relay node: registration, deliveries and
-//! acks, sends, redirects, reconnection, replacement, refusals, keepalive.
+//! acks, sends, redirects, reconnection, replacement, refusals, keepalive,
+//! tokens (sent in every Hello, re-read for every attempt; a refused token
+//! is a permanent error).
 
 // Tasks a test spawns end with the test's runtime; the test awaits
 // those whose outcome it checks.
@@ -463,6 +465,103 @@ async fn a_permanent_refusal_while_reconnecting_stops_the_client() {
     )
     .await;
     assert!(matches!(result, Err(SendError::Stopped(_))), "{result:?}");
+}
+
+#[tokio::test]
+async fn the_token_is_sent_in_the_hello_and_a_refused_one_is_returned_without_retrying() {
+    let first = FakeNode::start().await;
+    let second = FakeNode::start().await;
+    let config = config(&[&first.address, &second.address]).with_token("header.claims.sig");
+    let connecting = tokio::spawn(Client::connect(config));
+    let (mut conn, hello) = first.accept_hello().await;
+    assert_eq!(hello.token, "header.claims.sig");
+    conn.send(error(ErrorCode::Unauthorized, "the token has expired"))
+        .await;
+    match within("connect", connecting).await.unwrap() {
+        Err(error @ ClientError::Refused { .. }) => {
+            let text = error.to_string();
+            assert!(
+                text.contains("ERROR_CODE_UNAUTHORIZED") && text.contains("the token has expired"),
+                "{text}"
+            );
+            assert!(!text.contains("header.claims.sig"), "{text}");
+        }
+        other => panic!("expected Refused, got {other:?}"),
+    }
+    // No other node is tried with a token every node refuses.
+    second
+        .assert_no_connection(Duration::from_millis(100))
+        .await;
+}
+
+#[tokio::test]
+async fn a_token_file_is_read_again_for_every_connection_and_a_refusal_stops_the_client() {
+    let dir = std::env::temp_dir().join(format!("wasmrelay-client-test-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("token");
+    std::fs::write(&path, "first.token.sig\n").unwrap();
+    let node = FakeNode::start().await;
+    let connecting = tokio::spawn(Client::connect(
+        config(&[&node.address]).with_token_file(&path),
+    ));
+    let (mut conn, hello) = node.accept_hello().await;
+    assert_eq!(hello.token, "first.token.sig");
+    conn.send(Kind::Welcome(welcome("node-a", 0))).await;
+    let (client, mut events) = within("connect", connecting).await.unwrap().unwrap();
+    expect_connected(&mut events, "node-a").await;
+
+    // The token is refreshed in place; the next connection sends the new one.
+    std::fs::write(&path, "second.token.sig").unwrap();
+    drop(conn);
+    expect_disconnected(&mut events).await;
+    let (conn, hello) = node.accept_hello().await;
+    assert_eq!(hello.token, "second.token.sig");
+    drop(conn);
+
+    // Refused while reconnecting: the client stops with the reason.
+    let (mut conn, _) = node.accept_hello().await;
+    conn.send(error(
+        ErrorCode::Unauthorized,
+        "the token is for process `other`, not `proc-1`",
+    ))
+    .await;
+    loop {
+        match next_event(&mut events).await {
+            Event::Disconnected { .. } => continue,
+            Event::Refused { reason } => {
+                assert!(reason.contains("ERROR_CODE_UNAUTHORIZED"), "{reason}");
+                assert!(reason.contains("not `proc-1`"), "{reason}");
+                break;
+            }
+            other => panic!("expected Refused, got {other:?}"),
+        }
+    }
+    assert!(
+        within("the end of the events", events.next())
+            .await
+            .is_none()
+    );
+    node.assert_no_connection(Duration::from_millis(200)).await;
+    let result = within(
+        "a send after Refused",
+        client.send(OutgoingMessage::new("x")),
+    )
+    .await;
+    assert!(matches!(result, Err(SendError::Stopped(_))), "{result:?}");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[tokio::test]
+async fn a_missing_token_file_fails_connect_without_dialing() {
+    let node = FakeNode::start().await;
+    let config = config(&[&node.address]).with_token_file("/nonexistent/wasmrelay/token");
+    match within("connect", Client::connect(config)).await {
+        Err(ClientError::Token(reason)) => {
+            assert!(reason.contains("/nonexistent/wasmrelay/token"), "{reason}");
+        }
+        other => panic!("expected a token error, got {other:?}"),
+    }
+    node.assert_no_connection(Duration::from_millis(100)).await;
 }
 
 #[tokio::test]

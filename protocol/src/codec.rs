@@ -185,6 +185,7 @@ mod tests {
             process_id: "p-1".to_string(),
             client_name: "test".to_string(),
             accepts_redirect: true,
+            token: "header.claims.signature".to_string(),
         }))
     }
 

@@ -593,6 +593,8 @@ async fn the_example_client_prints_deliveries_as_json_lines_and_replies() {
             &client_addr(&node),
             "--process-id",
             "cli-1",
+            "--token",
+            &support::client_tokens::token("cli-1"),
             "--reply",
             "--count",
             "3",

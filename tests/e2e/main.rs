@@ -7,6 +7,7 @@
 #![allow(clippy::unwrap_used)]
 
 mod admin_listener;
+mod client_auth;
 mod cluster;
 mod demo;
 mod harness;

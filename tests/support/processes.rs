@@ -35,10 +35,12 @@ pub struct ProcessPool {
 }
 
 impl ProcessPool {
-    /// Connects `process_id` to `addresses` (tried in order); with `reply`,
-    /// each delivery's value is sent back upstream before the ack.
+    /// Connects `process_id` to `addresses` (tried in order), with a token
+    /// for it ([`crate::client_tokens::token`]); with `reply`, each
+    /// delivery's value is sent back upstream before the ack.
     pub async fn connect(&mut self, addresses: &[String], process_id: &str, reply: bool) {
-        let mut config = ClientConfig::new(addresses.to_vec(), process_id);
+        let mut config = ClientConfig::new(addresses.to_vec(), process_id)
+            .with_token(crate::client_tokens::token(process_id));
         config.initial_backoff = std::time::Duration::from_millis(50);
         config.max_backoff = std::time::Duration::from_millis(500);
         let (client, mut events) = Client::connect(config)
@@ -117,10 +119,12 @@ impl Drop for ProcessPool {
 /// The config of cluster node `node_id` on the broker at `bootstrap`, its
 /// cluster flow consuming `business` with the built-in router; every
 /// listener on `127.0.0.1:0` (the relay logs what it got, see
-/// [`crate::relay::RelayProcess::client_addr`]); `extra_cluster` is appended
-/// to `[cluster]`.
+/// [`crate::relay::RelayProcess::client_addr`]); clients authenticate with
+/// tokens of [`crate::client_tokens`]; `extra_cluster` is appended to
+/// `[cluster]`.
 pub fn node_config(node_id: &str, bootstrap: &str, extra_cluster: &str) -> String {
     let plugins = crate::plugins_dist().display();
+    let client_keys = crate::client_tokens::cluster_keys();
     format!(
         r#"
 [node]
@@ -144,6 +148,7 @@ secret = "test-cluster-secret-0123456789abcdef"
 heartbeat_interval = "500ms"
 node_timeout = "3s"
 alarm_topic = "wasmrelay.alarms"
+{client_keys}
 {extra_cluster}
 [[flows]]
 name = "business"

@@ -5,6 +5,7 @@ mod demo;
 mod message_json;
 mod plugin_test;
 mod run;
+mod token;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -45,6 +46,79 @@ pub enum Command {
     /// Work with plugins (Wasm components) without running a relay.
     #[command(subcommand)]
     Plugin(PluginCommand),
+    /// Client tokens: the credential a business process sends in its Hello.
+    #[command(subcommand)]
+    Token(TokenCommand),
+}
+
+/// `wasmrelay token ...`
+#[derive(Debug, Subcommand)]
+pub enum TokenCommand {
+    /// Sign a token for a process id and print it.
+    ///
+    /// The token is a JWT: `sub` is the process id (or, for a pattern
+    /// ending in `*`, `wasmrelay_process` holds the pattern), `exp` is now
+    /// plus --ttl. A node accepts it when one of its
+    /// `cluster.client_token_keys` verifies it.
+    ///
+    /// Keys: HS256 takes the same secret file the nodes read (its bytes,
+    /// without a trailing newline, at least 32), made with e.g.
+    /// `openssl rand -hex 32 > client-token.key`. EdDSA takes the Ed25519
+    /// private key (`openssl genpkey -algorithm ed25519 -out issuer.pem`)
+    /// whose public key the nodes hold
+    /// (`openssl pkey -in issuer.pem -pubout -out issuer.pub.pem`).
+    Issue(TokenIssueArgs),
+}
+
+/// Arguments of `wasmrelay token issue`.
+#[derive(Debug, Args)]
+pub struct TokenIssueArgs {
+    /// The signing key file: the HS256 secret, or an Ed25519 private key
+    /// (PEM) for EdDSA.
+    #[arg(long, value_name = "FILE")]
+    pub key: PathBuf,
+    /// The algorithm.
+    #[arg(long, value_enum, default_value_t = TokenAlg::Hs256)]
+    pub alg: TokenAlg,
+    /// The process id the token is for, or a prefix pattern such as
+    /// `billing-*` (quote it in the shell).
+    #[arg(long, value_name = "ID")]
+    pub process: String,
+    /// How long the token is valid, e.g. `15m`, `1h`, `30d`.
+    #[arg(long, value_name = "DURATION", default_value = "1h", value_parser = parse_duration)]
+    pub ttl: std::time::Duration,
+    /// The `aud` claim: the nodes' `cluster.client_token_audience`, when set.
+    #[arg(long, value_name = "AUDIENCE")]
+    pub audience: Option<String>,
+}
+
+/// The signature algorithm of `wasmrelay token issue`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum TokenAlg {
+    /// HMAC-SHA256 with a shared secret.
+    #[value(name = "hs256", alias = "HS256")]
+    Hs256,
+    /// Ed25519.
+    #[value(name = "eddsa", alias = "EdDSA")]
+    EdDsa,
+}
+
+impl From<TokenAlg> for crate::config::TokenAlgorithm {
+    fn from(alg: TokenAlg) -> Self {
+        match alg {
+            TokenAlg::Hs256 => crate::config::TokenAlgorithm::Hs256,
+            TokenAlg::EdDsa => crate::config::TokenAlgorithm::EdDsa,
+        }
+    }
+}
+
+fn parse_duration(s: &str) -> Result<std::time::Duration, String> {
+    let duration = humantime_serde::re::humantime::parse_duration(s)
+        .map_err(|e| format!("`{s}` is not a duration (e.g. 15m, 1h, 30d): {e}"))?;
+    if duration.is_zero() {
+        return Err("must be more than zero".to_string());
+    }
+    Ok(duration)
 }
 
 /// `wasmrelay plugin ...`
@@ -155,6 +229,7 @@ pub fn run(cli: Cli) -> ExitCode {
         Command::Run(args) => run::run(args),
         Command::Demo(args) => demo::run(args),
         Command::Plugin(PluginCommand::Test(args)) => plugin_test::run(args),
+        Command::Token(TokenCommand::Issue(args)) => token::run(args),
     }
 }
 

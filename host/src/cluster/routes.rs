@@ -455,7 +455,12 @@ mod tests {
     }
 
     fn table() -> Arc<RouteTable> {
-        let gateway = Gateway::new(Default::default(), Arc::new(NoUpstream), None);
+        let gateway = Gateway::new(
+            Default::default(),
+            crate::gateway::ClientAuth::none(),
+            Arc::new(NoUpstream),
+            None,
+        );
         RouteTable::new("a", gateway, ClusterMetrics::default())
     }
 

@@ -92,6 +92,9 @@ impl ClusterRuntime {
         upstream: Arc<dyn Upstream>,
         metrics: &RelayMetrics,
     ) -> anyhow::Result<ClusterRuntime> {
+        // Key files are read first: a bad key fails the start before
+        // anything is created.
+        let client_auth = crate::gateway::ClientAuth::from_config(config, metrics.client_auth())?;
         let info = link.current().info.clone();
         let mut topics = vec![
             TopicSpec::new(&config.heartbeat_topic, 1),
@@ -110,7 +113,12 @@ impl ClusterRuntime {
         let stop = CancellationToken::new();
         let tasks = TaskTracker::new();
         let (events_tx, events_rx) = mpsc::unbounded_channel();
-        let gateway = Gateway::new(gateway_options(node_id, config), upstream, Some(events_tx));
+        let gateway = Gateway::new(
+            gateway_options(node_id, config),
+            client_auth,
+            upstream,
+            Some(events_tx),
+        );
         let ClusterListeners {
             client: client_listener,
             mesh: mesh_listener,

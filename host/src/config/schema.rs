@@ -381,6 +381,29 @@ pub struct ClusterConfig {
     /// The shared secret mesh links authenticate with (at least 16
     /// characters; use `${CLUSTER_SECRET}`).
     pub secret: Secret,
+    /// How business processes prove the process id their Hello registers:
+    /// `"token"` (the default: a signed token checked against
+    /// `client_token_keys`) or `"none"` (development only: anyone who
+    /// reaches the client port may register, and so take over, any process
+    /// id; a warning is logged at start).
+    #[serde(default)]
+    pub client_auth: ClientAuthMode,
+    /// The keys client tokens are verified with; token mode needs at least
+    /// one. Each is `{ alg = "HS256", path = "..." }` (a shared secret: the
+    /// file's bytes, without a trailing newline, at least 32),
+    /// `{ alg = "HS256", secret = "${CLIENT_TOKEN_KEY}" }` (the same, inline),
+    /// or `{ alg = "EdDSA", path = "..." }` (an Ed25519 public key, PEM).
+    /// A token is accepted when any key of its `alg` verifies it, so a new
+    /// key is added beside the old one while tokens move over. Key files
+    /// are re-read when they change; a file that no longer loads keeps the
+    /// keys in use and logs an error.
+    #[serde(default)]
+    pub client_token_keys: Vec<TokenKeyConfig>,
+    /// When set, a client token must name this value in its `aud` claim
+    /// (e.g. the cluster's name), so tokens of another cluster signed with
+    /// the same key are refused.
+    #[serde(default)]
+    pub client_token_audience: Option<String>,
     /// Topic of node heartbeats.
     #[serde(default = "default_heartbeat_topic")]
     pub heartbeat_topic: String,
@@ -425,6 +448,54 @@ pub struct ClusterConfig {
     /// Largest frame accepted from processes and nodes, in bytes.
     #[serde(default = "default_max_frame_bytes")]
     pub max_frame_bytes: usize,
+}
+
+/// How the client port authenticates a Hello (`cluster.client_auth`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ClientAuthMode {
+    /// A signed token (JWT) valid for the process id, in `Hello.token`.
+    #[default]
+    Token,
+    /// No check at all: for development on a trusted machine only.
+    None,
+}
+
+/// A key client tokens are verified with (`cluster.client_token_keys`):
+/// its algorithm and either a file or, for HS256, an inline secret.
+#[derive(Clone, Debug, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct TokenKeyConfig {
+    /// The JWT algorithm the key verifies: `"HS256"` or `"EdDSA"`.
+    pub alg: TokenAlgorithm,
+    /// The key file: the HS256 secret's bytes (a trailing newline is not
+    /// part of it), or an Ed25519 public key in PEM (`BEGIN PUBLIC KEY`).
+    /// Re-read when it changes.
+    #[serde(default)]
+    pub path: Option<PathBuf>,
+    /// An HS256 secret given inline (use `${VAR}`), instead of `path`.
+    #[serde(default)]
+    pub secret: Option<Secret>,
+}
+
+/// The signature algorithms a client token may use.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize, Serialize)]
+pub enum TokenAlgorithm {
+    /// HMAC-SHA256 with a shared secret.
+    #[serde(rename = "HS256", alias = "hs256")]
+    Hs256,
+    /// Ed25519 signatures: the relay holds only the public key.
+    #[serde(rename = "EdDSA", alias = "eddsa")]
+    EdDsa,
+}
+
+impl std::fmt::Display for TokenAlgorithm {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            TokenAlgorithm::Hs256 => "HS256",
+            TokenAlgorithm::EdDsa => "EdDSA",
+        })
+    }
 }
 
 /// The application endpoint of a sidecar flow.

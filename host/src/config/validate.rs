@@ -147,6 +147,7 @@ fn check_cluster(config: &RelayConfig, problems: &mut Problems) {
             ),
         );
     }
+    check_client_auth(cluster, problems);
     let mut topics = vec![
         ("cluster.heartbeat_topic", &cluster.heartbeat_topic),
         ("cluster.routes_topic", &cluster.routes_topic),
@@ -228,6 +229,64 @@ impl Problems {
         } else {
             Err(self.0)
         }
+    }
+}
+
+/// Checks `cluster.client_auth` and its keys: token mode needs a key, and
+/// each key is a file or (HS256 only) an inline secret long enough. Key
+/// files are read when the node starts (`gateway::auth`).
+fn check_client_auth(cluster: &super::ClusterConfig, problems: &mut Problems) {
+    use super::{ClientAuthMode, TokenAlgorithm};
+    let keys = &cluster.client_token_keys;
+    match cluster.client_auth {
+        ClientAuthMode::Token if keys.is_empty() => problems.push(
+            "cluster.client_token_keys",
+            "`cluster.client_auth` is \"token\" (the default) and needs at least one key, e.g. \
+             `client_token_keys = [{ alg = \"HS256\", path = \"/etc/wasmrelay/client-token.key\" }]` \
+             (a secret from `openssl rand -hex 32`); for development only, \
+             `client_auth = \"none\"` lets any client register any process id",
+        ),
+        ClientAuthMode::None if !keys.is_empty() => problems.push(
+            "cluster.client_token_keys",
+            "is set but `cluster.client_auth` is \"none\", so no token would be checked: \
+             remove `client_auth = \"none\"` (token is the default) or the keys",
+        ),
+        _ => {}
+    }
+    for (index, key) in keys.iter().enumerate() {
+        let name = format!("cluster.client_token_keys[{index}]");
+        match (&key.path, &key.secret) {
+            (Some(_), Some(_)) => problems.push(name, "has both `path` and `secret`: give one"),
+            (None, None) => problems.push(
+                name,
+                "needs `path` (a key file) or, for HS256, `secret` (an inline secret)",
+            ),
+            (None, Some(_)) if key.alg != TokenAlgorithm::Hs256 => problems.push(
+                format!("{name}.secret"),
+                format!(
+                    "an inline secret is for HS256 only; an {} key is a public key file: use `path`",
+                    key.alg
+                ),
+            ),
+            (None, Some(secret)) if secret.expose().len() < crate::gateway::auth::MIN_HS256_KEY_BYTES => {
+                problems.push(
+                    format!("{name}.secret"),
+                    format!(
+                        "must be at least {} bytes (use `openssl rand -hex 32`)",
+                        crate::gateway::auth::MIN_HS256_KEY_BYTES
+                    ),
+                )
+            }
+            _ => {}
+        }
+    }
+    if let Some(audience) = &cluster.client_token_audience
+        && audience.trim().is_empty()
+    {
+        problems.push(
+            "cluster.client_token_audience",
+            "must not be empty: name the audience tokens must carry, or remove the key",
+        );
     }
 }
 
@@ -834,6 +893,7 @@ link = "main"
 client_listen = "127.0.0.1:7000"
 mesh_listen = "127.0.0.1:7001"
 secret = "0123456789abcdef0123456789abcdef"
+client_token_keys = [{ alg = "HS256", secret = "0123456789abcdef0123456789abcdef" }]
 "#;
         config.cluster = Some(toml::from_str(text).unwrap());
         config.cluster.as_mut().unwrap()
@@ -952,6 +1012,76 @@ secret = "0123456789abcdef0123456789abcdef"
             "center.files_dir",
             "missing is not a directory",
         );
+    }
+
+    #[test]
+    fn client_auth_needs_keys_and_each_key_one_source() {
+        use crate::config::{ClientAuthMode, Secret, TokenAlgorithm, TokenKeyConfig};
+        let key = |alg, path: Option<&str>, secret: Option<&str>| TokenKeyConfig {
+            alg,
+            path: path.map(Into::into),
+            secret: secret.map(Secret::new),
+        };
+        assert_one(
+            problems(|c| cluster(c).client_token_keys.clear()),
+            "cluster.client_token_keys",
+            "needs at least one key",
+        );
+        assert_one(
+            problems(|c| cluster(c).client_auth = ClientAuthMode::None),
+            "cluster.client_token_keys",
+            "no token would be checked",
+        );
+        assert_eq!(
+            problems(|c| {
+                let cluster = cluster(c);
+                cluster.client_auth = ClientAuthMode::None;
+                cluster.client_token_keys.clear();
+            }),
+            Vec::<String>::new()
+        );
+        assert_one(
+            problems(|c| {
+                cluster(c).client_token_keys = vec![key(TokenAlgorithm::Hs256, None, Some("short"))]
+            }),
+            "cluster.client_token_keys[0].secret",
+            "at least 32 bytes",
+        );
+        assert_one(
+            problems(|c| {
+                cluster(c).client_token_keys = vec![key(
+                    TokenAlgorithm::EdDsa,
+                    None,
+                    Some("0123456789abcdef0123456789abcdef"),
+                )]
+            }),
+            "cluster.client_token_keys[0].secret",
+            "HS256 only",
+        );
+        assert_one(
+            problems(|c| {
+                cluster(c).client_token_keys =
+                    vec![key(TokenAlgorithm::Hs256, Some("/k"), Some("x"))]
+            }),
+            "cluster.client_token_keys[0]",
+            "both `path` and `secret`",
+        );
+        assert_one(
+            problems(|c| {
+                cluster(c).client_token_keys = vec![key(TokenAlgorithm::EdDsa, None, None)]
+            }),
+            "cluster.client_token_keys[0]",
+            "needs `path`",
+        );
+        assert_one(
+            problems(|c| cluster(c).client_token_audience = Some(" ".to_string())),
+            "cluster.client_token_audience",
+            "must not be empty",
+        );
+        let parsed: TokenKeyConfig =
+            toml::from_str("alg = \"EdDSA\"\npath = \"/etc/issuer.pub.pem\"").unwrap();
+        assert_eq!(parsed.alg, TokenAlgorithm::EdDsa);
+        assert!(toml::from_str::<TokenKeyConfig>("alg = \"RS256\"\npath = \"/k\"").is_err());
     }
 
     #[test]

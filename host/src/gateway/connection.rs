@@ -1,5 +1,6 @@
 //! One client connection, from its first byte to its close: the Hello
-//! handshake, then a reader (acks, nacks, upstream sends, pings) and a
+//! handshake (version, process id, then the credential, see `auth`, all
+//! before a session exists), then a reader (acks, nacks, upstream sends, pings) and a
 //! writer (deliveries and answers from the session's bounded queue), and
 //! the last word to the client (`Replaced` or `Error`) when the node ends
 //! the session.
@@ -95,6 +96,19 @@ pub(crate) async fn serve_connection(
         .await;
         return;
     }
+    // Before any session is created or replaced: only a Hello that proves
+    // the identity it claims may register, or take over, a process id.
+    let identity = match gateway.client_auth().check(&hello.process_id, &hello.token) {
+        Ok(identity) => identity,
+        Err(refusal) => {
+            // Never the token itself: it is a credential.
+            tracing::warn!(%peer, process = %hello.process_id, reason = refusal.reason(), %refusal, "refusing a client: no valid credential for its process id");
+            let frame = Frame::error(ErrorCode::Unauthorized, refusal.to_string());
+            let _ = tokio::time::timeout(FAREWELL_TIMEOUT, framed.send(frame)).await;
+            let _ = tokio::time::timeout(FAREWELL_TIMEOUT, framed.close()).await;
+            return;
+        }
+    };
 
     let (outbound_tx, outbound_rx) = mpsc::channel(options.send_queue);
     let session = Arc::new(Session::new(
@@ -116,7 +130,7 @@ pub(crate) async fn serve_connection(
         return;
     }
     gateway.register(session.clone());
-    tracing::debug!(process = %hello.process_id, %peer, client = %hello.client_name, "process registered");
+    tracing::debug!(process = %hello.process_id, %peer, client = %hello.client_name, ?identity, "process registered");
 
     let (sink, mut frames) = framed.split();
     // Awaited when the connection ends.

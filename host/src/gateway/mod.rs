@@ -1,17 +1,21 @@
 //! The gateway: the TCP listener business processes connect to, and the
 //! table of processes registered on this node.
 //!
-//! A process connects, says Hello with its process id, and is Welcomed; from
+//! A process connects, says Hello with its process id and a credential for
+//! it (checked by [`auth`] before anything else), and is Welcomed; from
 //! then on the node delivers messages for that id to it ([`Gateway::deliver`])
 //! and takes its upstream sends ([`Upstream`]). An id that registers again
-//! replaces the older connection, which is told why. Registrations and
+//! replaces the older connection, which is told why: only a Hello that
+//! proved the same identity gets that far. Registrations and
 //! unregistrations are reported as [`RegistrationEvent`]s, which the cluster
 //! publishes to the route table.
 //!
-//! Owns: accepting, the per-connection protocol ([`connection`]), and the
-//! per-process session state ([`session`]). Does not own routing between
+//! Owns: accepting, client authentication ([`auth`]), the per-connection
+//! protocol ([`connection`]), and the per-process session state
+//! ([`session`]). Does not own routing between
 //! nodes or Kafka.
 
+pub mod auth;
 mod connection;
 pub mod session;
 
@@ -28,6 +32,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use wasmrelay_protocol::v1;
 
+pub use auth::ClientAuth;
 pub use session::{DeliverError, DeliveryResult, Ending, Session};
 
 /// How the gateway treats connections.
@@ -163,6 +168,7 @@ impl GatewayStats {
 /// The processes connected to this node.
 pub struct Gateway {
     options: GatewayOptions,
+    client_auth: ClientAuth,
     sessions: Mutex<HashMap<String, Arc<Session>>>,
     next_connection: AtomicU64,
     upstream: Arc<dyn Upstream>,
@@ -183,15 +189,18 @@ impl std::fmt::Debug for Gateway {
 }
 
 impl Gateway {
-    /// A gateway whose upstream sends go to `upstream` and whose
-    /// registrations are reported on `events` (if given).
+    /// A gateway that admits the Hellos `client_auth` accepts, whose
+    /// upstream sends go to `upstream` and whose registrations are reported
+    /// on `events` (if given).
     pub fn new(
         options: GatewayOptions,
+        client_auth: ClientAuth,
         upstream: Arc<dyn Upstream>,
         events: Option<mpsc::UnboundedSender<RegistrationEvent>>,
     ) -> Arc<Gateway> {
         Arc::new(Gateway {
             options,
+            client_auth,
             sessions: Mutex::new(HashMap::new()),
             next_connection: AtomicU64::new(1),
             upstream,
@@ -201,12 +210,14 @@ impl Gateway {
         })
     }
 
-    /// Accepts connections on `listener` until `shutdown`; then every
+    /// Accepts connections on `listener` until `shutdown`, following
+    /// changes of the client token key files meanwhile; then every
     /// connection is told the node is shutting down, and this returns when
     /// they have all closed.
     pub async fn serve(self: Arc<Self>, listener: TcpListener, shutdown: CancellationToken) {
         let gateway = self.clone();
-        crate::net::accept_until(
+        let watching_keys = self.client_auth.clone().watch_keys(shutdown.clone());
+        let accepting = crate::net::accept_until(
             listener,
             shutdown.clone(),
             "clients",
@@ -214,8 +225,8 @@ impl Gateway {
                 gateway.stats.accepted.fetch_add(1, Ordering::Relaxed);
                 connection::serve_connection(gateway.clone(), stream, peer, shutdown.clone())
             },
-        )
-        .await;
+        );
+        tokio::join!(accepting, watching_keys);
         self.sends.close();
         self.sends.wait().await;
     }
@@ -268,6 +279,11 @@ impl Gateway {
     /// The gateway's counters.
     pub fn stats(&self) -> &GatewayStats {
         &self.stats
+    }
+
+    /// How Hellos are authenticated.
+    pub fn client_auth(&self) -> &ClientAuth {
+        &self.client_auth
     }
 
     fn upstream(&self) -> &Arc<dyn Upstream> {

@@ -148,8 +148,9 @@ async fn a_taken_cluster_address_fails_the_build_and_leaves_nothing_running() {
     let kafka = MockCluster::new(1).unwrap();
     let taken = TcpListener::bind("127.0.0.1:0").unwrap();
     let admin = free_addr();
+    // The bind is under test, not client authentication: `client_auth = "none"`.
     let text = format!(
-        "[flows.deliver.cluster]\n[cluster]\nlink = \"main\"\nclient_listen = \"{}\"\nmesh_listen = \"127.0.0.1:0\"\nsecret = \"0123456789abcdef0123456789abcdef\"\n",
+        "[flows.deliver.cluster]\n[cluster]\nlink = \"main\"\nclient_listen = \"{}\"\nmesh_listen = \"127.0.0.1:0\"\nsecret = \"0123456789abcdef0123456789abcdef\"\nclient_auth = \"none\"\n",
         taken.local_addr().unwrap()
     );
     let config = config(

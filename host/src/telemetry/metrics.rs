@@ -49,6 +49,31 @@ pub struct RelayMetrics {
     center_reachable: Gauge,
     cluster: ClusterMetrics,
     admin: AdminMetrics,
+    client_auth: ClientAuthMetrics,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ReasonLabels {
+    reason: &'static str,
+}
+
+/// Hellos refused for their credential, by reason (a fixed set:
+/// `gateway::auth::Refusal::reason`); cheap to clone.
+#[derive(Clone, Debug, Default)]
+pub struct ClientAuthMetrics {
+    refused: Family<ReasonLabels, Counter>,
+}
+
+impl ClientAuthMetrics {
+    /// Counts one refused Hello.
+    pub fn refused(&self, reason: &'static str) {
+        self.refused.get_or_create(&ReasonLabels { reason }).inc();
+    }
+
+    /// Refused Hellos of `reason` so far.
+    pub fn refused_count(&self, reason: &'static str) -> u64 {
+        self.refused.get_or_create(&ReasonLabels { reason }).get()
+    }
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -215,8 +240,15 @@ impl RelayMetrics {
             "Admin connections closed by the header or the idle timeout, per timeout",
             admin.timed_out.clone(),
         );
+        let client_auth = ClientAuthMetrics::default();
+        registry.register(
+            "client_auth_refused",
+            "Client Hellos refused for a missing or invalid credential, per reason",
+            client_auth.refused.clone(),
+        );
         RelayMetrics {
             cluster,
+            client_auth,
             admin,
             registry: Mutex::new(registry),
             link_switches,
@@ -276,6 +308,11 @@ impl RelayMetrics {
     /// The admin listener's connection metrics.
     pub fn admin(&self) -> AdminMetrics {
         self.admin.clone()
+    }
+
+    /// The client authentication counters.
+    pub fn client_auth(&self) -> ClientAuthMetrics {
+        self.client_auth.clone()
     }
 
     /// Whether the config center can be read.

@@ -1,7 +1,8 @@
 //! The gateway over real TCP, driven by raw frames: registration, delivery
-//! and acknowledgement, replacement, keepalive, slow consumers, and every
-//! kind of bad input a client can send, while another client goes on being
-//! served.
+//! and acknowledgement, replacement, keepalive, slow consumers, client
+//! tokens (refused Hellos leave the registered session alone; key files
+//! rotate), and every kind of bad input a client can send, while another
+//! client goes on being served.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -14,11 +15,18 @@ use tokio::io::AsyncWriteExt as _;
 use tokio::net::TcpStream;
 use tokio_util::codec::Framed;
 use tokio_util::sync::CancellationToken;
-use wasmrelay::gateway::{DeliveryResult, Gateway, GatewayOptions, Upstream, UpstreamError};
+use wasmrelay::config::{TokenAlgorithm, TokenKeyConfig};
+use wasmrelay::gateway::auth::{TokenRequest, issue_token};
+use wasmrelay::gateway::{
+    ClientAuth, DeliveryResult, Gateway, GatewayOptions, Upstream, UpstreamError,
+};
+use wasmrelay::telemetry::metrics::ClientAuthMetrics;
 use wasmrelay_protocol::v1::{self, ErrorCode};
 use wasmrelay_protocol::{Frame, FrameCodec, Kind};
 
 const STEP: Duration = Duration::from_secs(5);
+/// The HS256 key the test nodes trust (in their key file).
+const KEY: &str = "gateway-test-key-0123456789abcdef-0123";
 
 /// Upstream that accepts every send whose value is not `fail`.
 #[derive(Default)]
@@ -50,11 +58,31 @@ struct Node {
     upstream: Arc<CountingUpstream>,
     addr: std::net::SocketAddr,
     stop: CancellationToken,
+    /// Refused Hellos by reason.
+    refused: ClientAuthMetrics,
+    /// The trusted key's file.
+    key_file: std::path::PathBuf,
+    _keys: tempfile::TempDir,
 }
 
+/// A gateway that trusts [`KEY`], from a key file.
 async fn start(options: GatewayOptions) -> Node {
+    let keys = tempfile::tempdir().unwrap();
+    let key_file = keys.path().join("client-token.key");
+    std::fs::write(&key_file, format!("{KEY}\n")).unwrap();
+    let refused = ClientAuthMetrics::default();
+    let auth = ClientAuth::token(
+        &[TokenKeyConfig {
+            alg: TokenAlgorithm::Hs256,
+            path: Some(key_file.clone()),
+            secret: None,
+        }],
+        None,
+    )
+    .unwrap()
+    .with_metrics(refused.clone());
     let upstream = Arc::new(CountingUpstream::default());
-    let gateway = Gateway::new(options, upstream.clone(), None);
+    let gateway = Gateway::new(options, auth, upstream.clone(), None);
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let stop = CancellationToken::new();
@@ -64,6 +92,9 @@ async fn start(options: GatewayOptions) -> Node {
         upstream,
         addr,
         stop,
+        refused,
+        key_file,
+        _keys: keys,
     }
 }
 
@@ -88,13 +119,45 @@ async fn connect(node: &Node) -> Conn {
     )
 }
 
+/// A Hello with a valid token for `process_id`.
 fn hello(process_id: &str, version: u32) -> Frame {
+    hello_with_token(process_id, version, &token(KEY, process_id))
+}
+
+fn hello_with_token(process_id: &str, version: u32, token: &str) -> Frame {
     Frame::of(Kind::Hello(v1::Hello {
         protocol_version: version,
         process_id: process_id.to_string(),
         client_name: "test".to_string(),
         accepts_redirect: false,
+        token: token.to_string(),
     }))
+}
+
+/// A token for `process` signed with the HS256 `key`, valid for a minute.
+fn token(key: &str, process: &str) -> String {
+    issue_token(&TokenRequest {
+        alg: TokenAlgorithm::Hs256,
+        key: key.as_bytes().to_vec(),
+        process: process.to_string(),
+        ttl: Duration::from_secs(60),
+        audience: None,
+    })
+    .unwrap()
+}
+
+/// A token with exactly `claims`, signed with the HS256 `key`.
+fn token_with_claims(key: &str, claims: serde_json::Value) -> String {
+    jsonwebtoken::encode(
+        &jsonwebtoken::Header::new(jsonwebtoken::Algorithm::HS256),
+        &claims,
+        &jsonwebtoken::EncodingKey::from_secret(key.as_bytes()),
+    )
+    .unwrap()
+}
+
+fn now() -> u64 {
+    jsonwebtoken::get_current_timestamp()
 }
 
 async fn next(conn: &mut Conn) -> Option<Frame> {
@@ -441,6 +504,135 @@ async fn a_busy_process_holds_deliveries_back_and_one_that_never_acks_is_cut_off
         }
     }
     wait_until(|| node.gateway.session("slow").is_none()).await;
+}
+
+/// Log lines written while the guard lives, on this thread (the test's
+/// current-thread runtime runs the gateway's tasks here too).
+fn capture_logs() -> (
+    Arc<std::sync::Mutex<Vec<u8>>>,
+    tracing::subscriber::DefaultGuard,
+) {
+    #[derive(Clone)]
+    struct Sink(Arc<std::sync::Mutex<Vec<u8>>>);
+    impl std::io::Write for Sink {
+        fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().unwrap().extend_from_slice(bytes);
+            Ok(bytes.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let buffer = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let sink = Sink(buffer.clone());
+    let subscriber = tracing_subscriber::fmt()
+        .with_max_level(tracing::Level::DEBUG)
+        .with_ansi(false)
+        .with_writer(move || sink.clone())
+        .finish();
+    (buffer, tracing::subscriber::set_default(subscriber))
+}
+
+#[tokio::test]
+async fn a_hello_without_a_valid_token_is_refused_and_leaves_the_registered_process_alone() {
+    let (logs, _guard) = capture_logs();
+    let node = start(options()).await;
+    let mut registered = register(&node, "p-1").await;
+    let p2_token = token(KEY, "p-2");
+    let expired = token_with_claims(KEY, serde_json::json!({"sub": "p-1", "exp": now() - 60}));
+    let not_yet = token_with_claims(
+        KEY,
+        serde_json::json!({"sub": "p-1", "exp": now() + 600, "nbf": now() + 300}),
+    );
+    let unknown_key = token("another-key-that-this-node-does-not-trust", "p-1");
+    let attempts = [
+        ("", "missing", "a token is required"),
+        ("garbage", "malformed", "malformed"),
+        (expired.as_str(), "expired", "expired"),
+        (not_yet.as_str(), "not_yet_valid", "not valid yet"),
+        (
+            unknown_key.as_str(),
+            "unknown_key",
+            "not valid for any HS256 key",
+        ),
+        (
+            p2_token.as_str(),
+            "wrong_process",
+            "for process `p-2`, not `p-1`",
+        ),
+    ];
+    for (token, reason, says) in attempts {
+        let mut intruder = connect(&node).await;
+        intruder
+            .send(hello_with_token("p-1", 1, token))
+            .await
+            .unwrap();
+        let why = expect_error_and_close(&mut intruder, ErrorCode::Unauthorized).await;
+        assert!(why.contains(says), "{reason}: {why}");
+        assert_eq!(node.refused.refused_count(reason), 1, "{reason}");
+    }
+    // A token for p-1 does not register p-2 either.
+    let mut conn = connect(&node).await;
+    conn.send(hello_with_token("p-2", 1, &token(KEY, "p-1")))
+        .await
+        .unwrap();
+    expect_error_and_close(&mut conn, ErrorCode::Unauthorized).await;
+    assert!(node.gateway.session("p-2").is_none());
+
+    // The registered process was neither replaced nor disturbed.
+    assert_eq!(node.gateway.stats().replaced(), 0);
+    assert_eq!(node.gateway.connection_count(), 1);
+    still_served(&node, &mut registered, "p-1").await;
+
+    let logs = String::from_utf8(logs.lock().unwrap().clone()).unwrap();
+    assert!(logs.contains("refusing a client"), "{logs}");
+    for (token, _, _) in attempts.iter().filter(|(t, _, _)| t.len() > 10) {
+        assert!(!logs.contains(token), "a token was logged:\n{logs}");
+    }
+    node.stop.cancel();
+}
+
+#[tokio::test]
+async fn a_rotated_key_file_is_picked_up() {
+    let node = start(options()).await;
+    let new_key = "the-next-gateway-key-0123456789abcdef";
+    let old_token = token(KEY, "p-1");
+    let new_token = token(new_key, "p-1");
+    // A file that does not load (too short) keeps the key in use.
+    std::fs::write(&node.key_file, "short").unwrap();
+    tokio::time::sleep(wasmrelay::gateway::auth::KEY_POLL * 2).await;
+    let mut conn = connect(&node).await;
+    conn.send(hello_with_token("p-1", 1, &old_token))
+        .await
+        .unwrap();
+    assert!(matches!(
+        next(&mut conn).await.unwrap().kind,
+        Some(Kind::Welcome(_))
+    ));
+    drop(conn);
+
+    std::fs::write(&node.key_file, new_key).unwrap();
+    let accepted = tokio::time::timeout(Duration::from_secs(10), async {
+        loop {
+            let mut conn = connect(&node).await;
+            conn.send(hello_with_token("p-1", 1, &new_token))
+                .await
+                .unwrap();
+            if let Some(Kind::Welcome(_)) = next(&mut conn).await.unwrap().kind {
+                return conn;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    })
+    .await
+    .expect("a token of the new key was not accepted within 10 s");
+    drop(accepted);
+    let mut conn = connect(&node).await;
+    conn.send(hello_with_token("p-1", 1, &old_token))
+        .await
+        .unwrap();
+    expect_error_and_close(&mut conn, ErrorCode::Unauthorized).await;
+    node.stop.cancel();
 }
 
 #[tokio::test]

@@ -84,6 +84,8 @@ async fn start_on(options: MeshOptions, mesh_addr: SocketAddr) -> Node {
             slow_consumer_timeout: Duration::from_secs(5),
             max_frame_bytes: MAX_FRAME,
         },
+        // The mesh is under test here, not client authentication.
+        wasmrelay::gateway::ClientAuth::none(),
         Arc::new(NoUpstream),
         None,
     );
@@ -193,6 +195,7 @@ async fn register(node: &Node, process_id: &str) -> Conn {
         process_id: process_id.to_string(),
         client_name: "test".to_string(),
         accepts_redirect: false,
+        ..Default::default()
     })))
     .await
     .unwrap();

@@ -18,6 +18,7 @@ fn hello() -> Frame {
         process_id: "billing-7".to_string(),
         client_name: "billing-worker/2.3.1".to_string(),
         accepts_redirect: true,
+        token: "eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiJiaWxsaW5nLTciLCJleHAiOjB9.c2ln".to_string(),
     }))
 }
 
