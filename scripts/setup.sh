@@ -7,6 +7,9 @@
 #     gcc, libc6-dev; Rust links through it), `c++` (Debian g++; the rdkafka
 #     crate builds librdkafka from source and its configure script fails
 #     without a C++ compiler) and make (librdkafka's build runs `make libs`);
+#   - the OpenSSL and Cyrus SASL development files and pkg-config (Debian
+#     libssl-dev, libsasl2-dev, pkg-config): librdkafka is built with TLS,
+#     SASL (PLAIN, SCRAM, GSSAPI) so the relay can reach a secured Kafka;
 #   - protoc with the protobuf well-known types (Debian protobuf-compiler and
 #     libprotobuf-dev; the etcd client compiles etcd's protobuf files, which
 #     import google/protobuf/descriptor.proto);
@@ -15,8 +18,9 @@
 #
 #   - etcd (Debian etcd-server; the config-center tests start one);
 #   - python3 (the sidecar example app) and kill (Debian procps);
-#   - cargo-nextest (the test runner) and tansu 0.6.0 (the Kafka broker the
-#     integration tests start; a long build the first time).
+#   - cargo-nextest (the test runner) and tansu 0.6.0 with the dynostore and
+#     libsql features (the Kafka broker the integration tests start, SQLite
+#     storage for its SASL users; a long build the first time).
 #
 # Debian packages are installed with apt-get (through sudo when not root;
 # apt-get update runs once, and only when something is missing). Safe to run
@@ -56,6 +60,15 @@ cxx_compiler_works() {
     && "$scratch/check-cc" 2>>"$scratch/why"
 }
 
+# librdkafka's configure finds OpenSSL with pkg-config; the sasl2-sys crate
+# links the system's libsasl2.
+tls_sasl_libraries_work() {
+  printf '#include <openssl/ssl.h>\n#include <sasl/sasl.h>\nint main(void) { return OPENSSL_init_ssl(0, NULL) == 1 && sasl_client_init(NULL) == SASL_OK ? 0 : 1; }\n' >"$scratch/check-tls.c"
+  { pkg-config --exists openssl libsasl2 || { echo "pkg-config does not find openssl and libsasl2"; false; }; } >"$scratch/why" 2>&1 \
+    && cc "$scratch/check-tls.c" -o "$scratch/check-tls" -lssl -lcrypto -lsasl2 >>"$scratch/why" 2>&1 \
+    && "$scratch/check-tls" >>"$scratch/why" 2>&1
+}
+
 make_works() { command -v make >/dev/null 2>&1 || { echo "make: not found" >"$scratch/why"; return 1; }; }
 
 # prost-build (the etcd client's build script) runs $PROTOC or `protoc` with
@@ -87,6 +100,7 @@ requirements=(
   "c_compiler_works|a C compiler and linker (cc): Rust links through it|gcc libc6-dev"
   "cxx_compiler_works|a C++ compiler (c++): the rdkafka crate builds librdkafka, whose configure script fails without one|g++"
   "make_works|make: the rdkafka crate builds librdkafka with make|make"
+  "tls_sasl_libraries_work|OpenSSL and Cyrus SASL with their headers, found by pkg-config: librdkafka is built with TLS and SASL|libssl-dev libsasl2-dev pkg-config"
   "protoc_works|protoc with the protobuf well-known types (google/protobuf/descriptor.proto, which etcd's protobuf files import): protobuf-compiler alone, installed without recommends, lacks them; libprotobuf-dev provides them|protobuf-compiler libprotobuf-dev"
 )
 if ! $demo_only; then
@@ -160,9 +174,15 @@ if ! cargo nextest --version >/dev/null 2>&1; then
 fi
 
 # tansu: the Kafka-compatible broker the integration tests start (in memory,
-# one per test). A long build (15-30 minutes) the first time only.
-if ! tansu --version 2>/dev/null | grep -qx 'tansu 0\.6\.0' \
-  && ! "${CARGO_HOME:-$HOME/.cargo}/bin/tansu" --version 2>/dev/null | grep -qx 'tansu 0\.6\.0'; then
-  say "installing tansu 0.6.0 (the Kafka broker of the integration tests; a long build)"
-  cargo install tansu --version 0.6.0 --features dynostore --locked
+# one per test; SQLite storage, the libsql feature, for brokers with SASL
+# users). A long build (15-30 minutes) the first time only; a tansu 0.6.0
+# without SQLite support (an older set-up) is rebuilt.
+tansu_ok() {
+  local binary
+  binary="$(command -v tansu 2>/dev/null || echo "${CARGO_HOME:-$HOME/.cargo}/bin/tansu")"
+  "$binary" --version 2>/dev/null | grep -qx 'tansu 0\.6\.0' && grep -q libsql_ "$binary"
+}
+if ! tansu_ok; then
+  say "installing tansu 0.6.0 with SQLite storage (the Kafka broker of the integration tests; a long build)"
+  cargo install tansu --version 0.6.0 --features dynostore,libsql --locked
 fi

@@ -15,4 +15,6 @@ mod link_switch;
 mod plugin_test_cli;
 mod run_config_errors;
 mod secrets;
+mod secured_center;
+mod secured_kafka;
 mod sidecar_flow;

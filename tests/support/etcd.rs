@@ -19,6 +19,7 @@ use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use crate::pki::{IssuedCert, TestPki};
 use crate::relay::free_port;
 
 const INSTALL_HINT: &str = "install it with `sudo apt-get install etcd-server` (or run scripts/setup.sh), \
@@ -33,6 +34,29 @@ pub struct Etcd {
     client_port: u16,
     peer_port: u16,
     dir: tempfile::TempDir,
+    secured: Option<Secured>,
+}
+
+/// TLS (with client certificates) and user authentication.
+#[derive(Debug)]
+struct Secured {
+    server: IssuedCert,
+    client: IssuedCert,
+    ca_pem: String,
+    ca_path: PathBuf,
+    root_password: String,
+    /// Set once authentication is on: clients log in as root from then on.
+    auth_enabled: bool,
+}
+
+/// What a client of a secured etcd is given ([`Etcd::client_tls`]).
+#[derive(Clone, Debug)]
+pub struct EtcdClientTls {
+    /// The CA that signed etcd's certificate.
+    pub ca_path: PathBuf,
+    /// A client certificate etcd accepts, and its key.
+    pub cert_path: PathBuf,
+    pub key_path: PathBuf,
 }
 
 impl Etcd {
@@ -47,14 +71,71 @@ impl Etcd {
             client_port: free_port(),
             peer_port: free_port(),
             dir,
+            secured: None,
         };
         etcd.restart();
         etcd
     }
 
-    /// `http://127.0.0.1:PORT`, the client URL.
+    /// Starts a one-member cluster serving TLS only (a server certificate of
+    /// `pki`), requiring client certificates of `pki`, with authentication
+    /// enabled and user `root` having `root_password`.
+    pub async fn start_secured(pki: &TestPki, root_password: &str) -> Etcd {
+        let dir = tempfile::Builder::new()
+            .prefix("wasmrelay-etcd-")
+            .tempdir()
+            .expect("creating a temporary directory for etcd");
+        let mut etcd = Etcd {
+            child: None,
+            client_port: free_port(),
+            peer_port: free_port(),
+            dir,
+            secured: Some(Secured {
+                server: pki.server_cert("etcd-server"),
+                client: pki.client_cert("etcd-client", "etcd-client"),
+                ca_pem: pki.ca_pem().to_owned(),
+                ca_path: pki.ca_path(),
+                root_password: root_password.to_owned(),
+                auth_enabled: false,
+            }),
+        };
+        etcd.restart();
+        let mut client = etcd.client().await;
+        client
+            .user_add("root", root_password, None)
+            .await
+            .expect("etcd: adding user root");
+        client
+            .user_grant_role("root", "root")
+            .await
+            .expect("etcd: granting root the root role");
+        client
+            .auth_enable()
+            .await
+            .expect("etcd: enabling authentication");
+        if let Some(secured) = etcd.secured.as_mut() {
+            secured.auth_enabled = true;
+        }
+        etcd
+    }
+
+    /// `http://127.0.0.1:PORT` (`https://` when secured), the client URL.
     pub fn endpoint(&self) -> String {
-        format!("http://127.0.0.1:{}", self.client_port)
+        let scheme = if self.secured.is_some() {
+            "https"
+        } else {
+            "http"
+        };
+        format!("{scheme}://127.0.0.1:{}", self.client_port)
+    }
+
+    /// The files a client of a secured etcd needs.
+    pub fn client_tls(&self) -> Option<EtcdClientTls> {
+        self.secured.as_ref().map(|s| EtcdClientTls {
+            ca_path: s.ca_path.clone(),
+            cert_path: s.client.cert_path.clone(),
+            key_path: s.client.key_path.clone(),
+        })
     }
 
     /// Starts the server again on the same ports with the same data (after
@@ -80,6 +161,17 @@ impl Etcd {
             .args(["--initial-advertise-peer-urls", &peer])
             .args(["--initial-cluster", &format!("test={peer}")])
             .args(["--log-level", "warn"])
+            .args(self.secured.iter().flat_map(|s| {
+                [
+                    "--cert-file".to_owned(),
+                    s.server.cert_path.display().to_string(),
+                    "--key-file".to_owned(),
+                    s.server.key_path.display().to_string(),
+                    "--client-cert-auth".to_owned(),
+                    "--trusted-ca-file".to_owned(),
+                    s.ca_path.display().to_string(),
+                ]
+            }))
             .stdin(Stdio::null())
             .stdout(log.try_clone().expect("cloning the log file handle"))
             .stderr(log)
@@ -126,11 +218,39 @@ impl Etcd {
     }
 
     async fn client(&self) -> etcd_client::Client {
-        etcd_client::Client::connect([self.endpoint()], None)
+        etcd_client::Client::connect([self.endpoint()], Some(self.connect_options()))
             .await
             .unwrap_or_else(|e| panic!("connecting to etcd at {}: {e}", self.endpoint()))
     }
 
+    /// Timeouts; when secured, TLS with the client certificate, and root's
+    /// login once authentication is on.
+    fn connect_options(&self) -> etcd_client::ConnectOptions {
+        let options = etcd_client::ConnectOptions::new()
+            .with_connect_timeout(Duration::from_secs(1))
+            .with_timeout(Duration::from_secs(5));
+        match &self.secured {
+            None => options,
+            Some(secured) if secured.auth_enabled => options
+                .with_user("root", secured.root_password.clone())
+                .with_tls(secured.tls_options()),
+            Some(secured) => options.with_tls(secured.tls_options()),
+        }
+    }
+}
+
+impl Secured {
+    fn tls_options(&self) -> etcd_client::TlsOptions {
+        etcd_client::TlsOptions::new()
+            .ca_certificate(etcd_client::Certificate::from_pem(&self.ca_pem))
+            .identity(etcd_client::Identity::from_pem(
+                &self.client.cert_pem,
+                &self.client.key_pem,
+            ))
+    }
+}
+
+impl Etcd {
     fn log_path(&self) -> PathBuf {
         self.dir.path().join("etcd.log")
     }
@@ -157,7 +277,7 @@ impl Etcd {
                 self.log()
             );
             if TcpStream::connect_timeout(&addr, Duration::from_millis(200)).is_ok()
-                && answers_a_read(self.endpoint())
+                && answers_a_read(self.endpoint(), self.connect_options())
             {
                 return;
             }
@@ -168,16 +288,13 @@ impl Etcd {
 
 /// Whether etcd at `endpoint` answers a read. Runs on a thread of its own,
 /// so that it works inside a test's tokio runtime too.
-fn answers_a_read(endpoint: String) -> bool {
+fn answers_a_read(endpoint: String, options: etcd_client::ConnectOptions) -> bool {
     std::thread::spawn(move || {
         let runtime = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()
             .expect("a runtime for the etcd readiness probe");
         runtime.block_on(async {
-            let options = etcd_client::ConnectOptions::new()
-                .with_connect_timeout(Duration::from_secs(1))
-                .with_timeout(Duration::from_secs(1));
             match etcd_client::Client::connect([endpoint], Some(options)).await {
                 Ok(mut client) => client.get("probe", None).await.is_ok(),
                 Err(_) => false,

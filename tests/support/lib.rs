@@ -16,9 +16,11 @@ use std::sync::OnceLock;
 pub mod app;
 pub mod client_tokens;
 pub mod etcd;
+pub mod pki;
 pub mod processes;
 pub mod relay;
 pub mod tansu;
+pub mod tls_terminator;
 
 /// The repository root.
 pub fn repo_root() -> PathBuf {

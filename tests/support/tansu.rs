@@ -86,8 +86,18 @@
 //!   responses are capped at 5 MiB whatever `fetch.max.bytes` says.
 //! - Kept as sent (checked): keys, values, null keys and values, header
 //!   order, repeated header names, null header values, CreateTime timestamps
-//!   (also explicit ones), gzip/snappy/lz4 batches. zstd is unavailable on
-//!   the client side: the bundled librdkafka is built without libzstd.
+//!   (also explicit ones), gzip/snappy/lz4/zstd batches.
+//! - **TLS and SASL**: `--cert`/`--key` cannot be used (tansu 0.6.0's CLI
+//!   puts them in one clap group, so giving both is refused), so a TLS
+//!   broker is tansu behind [`crate::tls_terminator`]. `--authentication`
+//!   works with SCRAM (its SASL library is built with SCRAM-SHA-256/512 and
+//!   OAUTHBEARER only, no PLAIN), but `tansu user create` cannot log in, so
+//!   the first user is created before authentication is turned on, on
+//!   storage that survives the restart (SQLite). See [`Tansu::start_secured`].
+//!   tansu announces a 60 s SASL session lifetime but refuses the
+//!   re-authentication librdkafka then starts on the same connection
+//!   ("Unsupported SASL mechanism"): about once a minute each connection of
+//!   a SASL client fails and is made again, which the relay must ride out.
 //!
 //! # Client settings that matter against tansu
 //!
@@ -127,7 +137,7 @@ pub const TANSU_VERSION: &str = "0.6.0";
 
 /// How to install tansu, for the panic messages.
 pub const INSTALL_HINT: &str = "run scripts/setup.sh, or: \
-     cargo install tansu --version 0.6.0 --features dynostore --locked";
+     cargo install tansu --version 0.6.0 --features dynostore,libsql --locked";
 
 /// How long [`Tansu::start`] waits for the broker to answer a metadata request.
 pub const START_TIMEOUT: Duration = Duration::from_secs(30);
@@ -135,6 +145,11 @@ pub const START_TIMEOUT: Duration = Duration::from_secs(30);
 /// `fetch.wait.max.ms` of the helpers' consumers (see the module docs: every
 /// tansu Fetch lasts about this long).
 pub const FETCH_WAIT_MAX_MS: &str = "20";
+
+/// The storage of a broker with SASL users (they must survive a restart;
+/// relative to the broker's working directory). Needs tansu built with the
+/// `libsql` feature.
+const SQLITE_STORAGE: &str = "sqlite://tansu.db";
 
 /// Timeout of a single admin or metadata request made by the helpers.
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
@@ -213,10 +228,49 @@ impl ConsumedRecord {
     }
 }
 
+/// How a secured broker is reached ([`Tansu::start_secured`]).
+#[derive(Clone, Debug, Default)]
+pub struct Security {
+    /// Serve TLS with this certificate (through a TLS terminator); clients
+    /// are given `trust_ca_pem`.
+    pub tls: Option<crate::pki::IssuedCert>,
+    /// The CA clients trust (PEM), with `tls`.
+    pub trust_ca_pem: Option<String>,
+    /// Require SASL and create this SCRAM-SHA-256 user (name, password).
+    pub scram_user: Option<(String, String)>,
+}
+
+impl Security {
+    /// The librdkafka properties of a client of such a broker.
+    pub fn client_properties(&self) -> Vec<(&'static str, String)> {
+        let mut properties = Vec::new();
+        let protocol = match (&self.tls, &self.scram_user) {
+            (None, None) => return properties,
+            (Some(_), None) => "ssl",
+            (None, Some(_)) => "sasl_plaintext",
+            (Some(_), Some(_)) => "sasl_ssl",
+        };
+        properties.push(("security.protocol", protocol.to_owned()));
+        if let Some(ca) = &self.trust_ca_pem {
+            properties.push(("ssl.ca.pem", ca.clone()));
+        }
+        if let Some((user, password)) = &self.scram_user {
+            properties.push(("sasl.mechanism", "SCRAM-SHA-256".to_owned()));
+            properties.push(("sasl.username", user.clone()));
+            properties.push(("sasl.password", password.clone()));
+        }
+        properties
+    }
+}
+
 /// A running tansu broker; killed on drop.
 pub struct Tansu {
     child: Option<Child>,
     port: u16,
+    /// TLS and SASL, when started secured.
+    security: Security,
+    /// The TLS terminator clients connect to, when TLS is on.
+    terminator: Option<crate::tls_terminator::TlsTerminator>,
     cluster_id: String,
     log_path: PathBuf,
     /// Made on first use: one record per batch ([`Tansu::produce`]).
@@ -252,10 +306,19 @@ impl Tansu {
     /// is not installed, and with the broker's log if it exits or does not
     /// answer in time.
     pub fn start() -> Tansu {
+        Tansu::start_secured(Security::default())
+    }
+
+    /// [`Tansu::start`] with TLS and/or SASL (`security`): with TLS the
+    /// broker advertises a TLS terminator's address, with a SCRAM user it
+    /// runs with `--authentication` and the user is created before the
+    /// readiness probe logs in with it. Every helper of the returned broker
+    /// ([`Tansu::client_config`] and the rest) uses these settings.
+    pub fn start_secured(security: Security) -> Tansu {
         let binary = tansu_binary();
         let mut attempt = 1;
         loop {
-            match Tansu::try_start(binary) {
+            match Tansu::try_start(binary, &security) {
                 Ok(tansu) => return tansu,
                 Err(StartFailure::PortTaken(log)) if attempt < 3 => {
                     eprintln!("tansu lost its port to another process, retrying:\n{log}");
@@ -268,47 +331,94 @@ impl Tansu {
         }
     }
 
-    fn try_start(binary: &Path) -> Result<Tansu, StartFailure> {
+    fn try_start(binary: &Path, security: &Security) -> Result<Tansu, StartFailure> {
         let dir = tempfile::Builder::new()
             .prefix("wasmrelay-tansu-")
             .tempdir()
             .expect("creating a temporary directory for tansu");
         let log_path = dir.path().join("tansu.log");
-        let log = File::create(&log_path).expect("creating tansu.log");
         let port = free_port();
         let url = format!("tcp://127.0.0.1:{port}");
+        // With TLS, clients reach the broker through the terminator, whose
+        // address the broker advertises in its metadata.
+        let terminator = security.tls.as_ref().map(|cert| {
+            let listener =
+                std::net::TcpListener::bind(("127.0.0.1", 0)).expect("binding the TLS terminator");
+            crate::tls_terminator::TlsTerminator::start(
+                listener,
+                crate::pki::TestPki::server_config(cert),
+                SocketAddr::from(([127, 0, 0, 1], port)),
+            )
+        });
+        let advertised = match &terminator {
+            Some(terminator) => format!("tcp://{}", terminator.addr()),
+            None => url.clone(),
+        };
         let nanos = SystemTime::now()
             .duration_since(UNIX_EPOCH)
             .unwrap()
             .subsec_nanos();
         let cluster_id = format!("wasmrelay-test-{}-{port}-{nanos}", std::process::id());
 
-        let child = Command::new(binary)
-            .arg("broker")
-            .args(["--cluster-id", &cluster_id])
-            .args(["--listener-url", &url])
-            .args(["--advertised-listener-url", &url])
-            .args(["--storage-engine", "memory://tansu/"])
-            .current_dir(dir.path())
-            // The flags above win over these, but tansu reads other settings
-            // from the environment too: keep the caller's out.
-            .env_remove("SCHEMA_REGISTRY")
-            .env_remove("OTEL_EXPORTER_OTLP_ENDPOINT")
-            .env_remove("DATA_LAKE")
-            .env(
-                "RUST_LOG",
-                std::env::var("TANSU_LOG").unwrap_or_else(|_| "warn".to_owned()),
-            )
-            .env("NO_COLOR", "1")
-            .stdin(Stdio::null())
-            .stdout(log.try_clone().expect("cloning the log file handle"))
-            .stderr(log)
-            .spawn()
-            .unwrap_or_else(|e| panic!("starting {}: {e} ({INSTALL_HINT})", binary.display()));
+        let spawn = |storage: &str, authentication: bool| {
+            let log = File::options()
+                .create(true)
+                .append(true)
+                .open(&log_path)
+                .expect("opening tansu.log");
+            Command::new(binary)
+                .arg("broker")
+                .args(["--cluster-id", &cluster_id])
+                .args(["--listener-url", &url])
+                .args(["--advertised-listener-url", &advertised])
+                .args(["--storage-engine", storage])
+                .args(authentication.then_some("--authentication"))
+                .current_dir(dir.path())
+                // The flags above win over these, but tansu reads other
+                // settings from the environment too: keep the caller's out.
+                .env_remove("SCHEMA_REGISTRY")
+                .env_remove("OTEL_EXPORTER_OTLP_ENDPOINT")
+                .env_remove("DATA_LAKE")
+                .env(
+                    "RUST_LOG",
+                    std::env::var("TANSU_LOG").unwrap_or_else(|_| "warn".to_owned()),
+                )
+                .env("NO_COLOR", "1")
+                .stdin(Stdio::null())
+                .stdout(log.try_clone().expect("cloning the log file handle"))
+                .stderr(log)
+                .spawn()
+                .unwrap_or_else(|e| panic!("starting {}: {e} ({INSTALL_HINT})", binary.display()))
+        };
+        let child = match &security.scram_user {
+            None => spawn("memory://tansu/", false),
+            Some((user, password)) => {
+                // A broker with authentication cannot be told about its
+                // first user (`tansu user create` does not log in), and
+                // memory storage dies with the process: create the user on
+                // SQLite storage without authentication, then restart the
+                // broker on the same storage with it.
+                let mut open = spawn(SQLITE_STORAGE, false);
+                let created = create_scram_user(binary, port, user, password, &mut open);
+                let _ = open.kill();
+                let _ = open.wait();
+                if let Err(problem) = created {
+                    let log = std::fs::read_to_string(&log_path).unwrap_or_default();
+                    return Err(if log.to_ascii_lowercase().contains("in use") {
+                        StartFailure::PortTaken(format!("{problem}; its log:\n{log}"))
+                    } else {
+                        StartFailure::Other(format!("{problem}; its log:\n{log}"))
+                    });
+                }
+                spawn(SQLITE_STORAGE, true)
+            }
+        };
 
         let mut tansu = Tansu {
             child: Some(child),
             port,
+            security: security.clone(),
+            terminator,
             cluster_id,
             log_path,
             producer: OnceLock::new(),
@@ -397,9 +507,18 @@ impl Tansu {
         }
     }
 
-    /// `127.0.0.1:PORT`, for `bootstrap.servers`.
+    /// `127.0.0.1:PORT`, for `bootstrap.servers` (the TLS terminator's
+    /// address when TLS is on).
     pub fn bootstrap(&self) -> String {
-        format!("127.0.0.1:{}", self.port)
+        match &self.terminator {
+            Some(terminator) => terminator.addr().to_string(),
+            None => format!("127.0.0.1:{}", self.port),
+        }
+    }
+
+    /// The security settings the broker was started with.
+    pub fn security(&self) -> &Security {
+        &self.security
     }
 
     /// The cluster id the broker was started with (unique per instance).
@@ -439,6 +558,9 @@ impl Tansu {
             .set("retry.backoff.max.ms", "500")
             .set("topic.metadata.refresh.interval.ms", "1000")
             .set("socket.connection.setup.timeout.ms", "5000");
+        for (key, value) in self.security.client_properties() {
+            config.set(key, value);
+        }
         config
     }
 
@@ -840,4 +962,53 @@ fn find_tansu() -> Option<PathBuf> {
         .or_else(|| std::env::var_os("HOME").map(|home| Path::new(&home).join(".cargo")))
         .map(|dir| dir.join("bin/tansu"));
     in_path.chain(cargo_home).find(|path| path.is_file())
+}
+
+/// Runs `tansu user create` against the broker on `port` (started without
+/// authentication) until it succeeds, at most [`START_TIMEOUT`].
+fn create_scram_user(
+    binary: &Path,
+    port: u16,
+    user: &str,
+    password: &str,
+    broker: &mut Child,
+) -> Result<(), String> {
+    let deadline = Instant::now() + START_TIMEOUT;
+    let mut last = String::from("not tried");
+    while Instant::now() < deadline {
+        if let Ok(Some(status)) = broker.try_wait() {
+            return Err(format!(
+                "tansu (SQLite storage, for creating user `{user}`) exited ({status}); \
+                 is it built with the `libsql` feature? ({INSTALL_HINT})"
+            ));
+        }
+        if TcpStream::connect_timeout(
+            &SocketAddr::from(([127, 0, 0, 1], port)),
+            Duration::from_millis(200),
+        )
+        .is_err()
+        {
+            std::thread::sleep(Duration::from_millis(20));
+            continue;
+        }
+        let output = Command::new(binary)
+            .args([
+                "user",
+                "create",
+                "--broker",
+                &format!("tcp://127.0.0.1:{port}"),
+            ])
+            .args(["--mechanism", "scram256", user, password])
+            .env("NO_COLOR", "1")
+            .output()
+            .map_err(|e| format!("running `tansu user create`: {e}"))?;
+        if output.status.success() {
+            return Ok(());
+        }
+        last = String::from_utf8_lossy(&output.stderr).replace(password, "***");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    Err(format!(
+        "`tansu user create {user}` did not succeed: {last}"
+    ))
 }

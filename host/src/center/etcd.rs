@@ -14,7 +14,9 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use anyhow::Context as _;
-use etcd_client::{Client, ConnectOptions, EventType, GetOptions, WatchOptions};
+use etcd_client::{
+    Certificate, Client, ConnectOptions, EventType, GetOptions, Identity, TlsOptions, WatchOptions,
+};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -43,6 +45,60 @@ pub struct EtcdCenterOptions {
     pub prefix: String,
     /// etcd user and password, when etcd has authentication enabled.
     pub user: Option<(String, Secret)>,
+    /// TLS to etcd (`https://` endpoints).
+    pub tls: Option<EtcdTlsFiles>,
+}
+
+/// The TLS material of an etcd center, read at start.
+#[derive(Clone)]
+pub struct EtcdTlsFiles {
+    ca_pem: Vec<u8>,
+    identity: Option<(Vec<u8>, Secret)>,
+    domain: Option<String>,
+}
+
+impl std::fmt::Debug for EtcdTlsFiles {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EtcdTlsFiles")
+            .field("client_certificate", &self.identity.is_some())
+            .field("domain", &self.domain)
+            .finish_non_exhaustive()
+    }
+}
+
+impl EtcdTlsFiles {
+    /// Reads the files named by `[center.tls]`; the error names the file.
+    pub fn read(tls: &crate::config::EtcdTls) -> anyhow::Result<EtcdTlsFiles> {
+        let read = |key: &str, path: &std::path::Path| {
+            std::fs::read(path)
+                .with_context(|| format!("center.tls.{key}: reading {}", path.display()))
+        };
+        let identity = match (&tls.cert, &tls.key) {
+            (Some(cert), Some(key)) => Some((
+                read("cert", cert)?,
+                Secret::new(String::from_utf8(read("key", key)?).with_context(|| {
+                    format!("center.tls.key: {} is not PEM text", key.display())
+                })?),
+            )),
+            _ => None,
+        };
+        Ok(EtcdTlsFiles {
+            ca_pem: read("ca", &tls.ca)?,
+            identity,
+            domain: tls.domain.clone(),
+        })
+    }
+
+    fn options(&self) -> TlsOptions {
+        let mut options = TlsOptions::new().ca_certificate(Certificate::from_pem(&self.ca_pem));
+        if let Some((cert, key)) = &self.identity {
+            options = options.identity(Identity::from_pem(cert, key.expose()));
+        }
+        if let Some(domain) = &self.domain {
+            options = options.domain_name(domain.clone());
+        }
+        options
+    }
 }
 
 impl EtcdCenterOptions {
@@ -122,6 +178,9 @@ async fn session(
         .with_keep_alive_while_idle(true);
     if let Some((user, password)) = &options.user {
         connect = connect.with_user(user.clone(), password.expose().to_string());
+    }
+    if let Some(tls) = &options.tls {
+        connect = connect.with_tls(tls.options());
     }
     let mut client = Client::connect(&options.endpoints, Some(connect))
         .await

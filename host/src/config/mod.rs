@@ -689,8 +689,8 @@ dead_letter_topic = "dlq"
             "MESH_ADDR" => Some("0.0.0.0:7500".to_string()),
             "ADMIN_ADDR" => Some("127.0.0.1:9400".to_string()),
             "PLUGINS_DIR" => Some(plugins.clone()),
-            "CLIENT_TOKEN_KEY_FILE" => Some("/etc/wasmrelay/client-token.key".to_string()),
             "CLUSTER_SECRET" => Some("5e1f0c2b".repeat(8)),
+            "CLIENT_TOKEN_KEY_FILE" => Some("/etc/wasmrelay/client-token.key".to_string()),
             _ => None,
         };
         let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/cluster/node.toml");

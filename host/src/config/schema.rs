@@ -223,8 +223,17 @@ pub struct EtcdCenterConfig {
     pub prefix: String,
     /// etcd user and password, when etcd has authentication enabled
     /// (`[center.auth] user = "relay"`, `password = "${ETCD_PASSWORD}"`).
+    /// Only over TLS (`https://` endpoints), unless
+    /// `allow_plaintext_password` says otherwise.
     #[serde(default)]
     pub auth: Option<EtcdAuth>,
+    /// TLS to etcd, required with `https://` endpoints (`[center.tls]`).
+    #[serde(default)]
+    pub tls: Option<EtcdTls>,
+    /// Sends the etcd password over plaintext `http://` (development only;
+    /// logged as a warning at start).
+    #[serde(default)]
+    pub allow_plaintext_password: bool,
     /// How long a link waits at start for its key before the relay gives up.
     #[serde(default = "default_wait_for_key", with = "humantime_serde")]
     pub wait_for_key: Duration,
@@ -242,6 +251,26 @@ pub struct EtcdCenterConfig {
     /// value may name no file (TLS material is then given inline as PEM).
     #[serde(default)]
     pub files_dir: Option<PathBuf>,
+}
+
+/// TLS to etcd: whom to trust, and the relay's own certificate if etcd
+/// asks for one.
+#[derive(Clone, Debug, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct EtcdTls {
+    /// The CA certificate (PEM file) that signed etcd's server certificate.
+    pub ca: PathBuf,
+    /// A client certificate (PEM file), when etcd requires one
+    /// (`--client-cert-auth`); with `key`.
+    #[serde(default)]
+    pub cert: Option<PathBuf>,
+    /// The client certificate's private key (PEM file).
+    #[serde(default)]
+    pub key: Option<PathBuf>,
+    /// The name etcd's certificate is checked against, when it is not the
+    /// endpoints' host.
+    #[serde(default)]
+    pub domain: Option<String>,
 }
 
 /// etcd credentials: a user and its password, always together.

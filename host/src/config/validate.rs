@@ -448,6 +448,7 @@ fn check_center(config: &RelayConfig, problems: &mut Problems) {
                     problems.push(format!("center.endpoints[{index}]"), problem);
                 }
             }
+            check_etcd_security(etcd, problems);
         }
     }
     for (key, value) in [
@@ -458,6 +459,62 @@ fn check_center(config: &RelayConfig, problems: &mut Problems) {
         if value.is_zero() {
             problems.push(key, "must be more than zero");
         }
+    }
+}
+
+/// TLS and credentials of an etcd center: `https://` endpoints need
+/// `[center.tls]` and `http://` ones must not have it (one scheme for all);
+/// a password goes over TLS only, unless explicitly allowed; a client
+/// certificate comes with its key.
+fn check_etcd_security(etcd: &crate::config::EtcdCenterConfig, problems: &mut Problems) {
+    let https = etcd
+        .endpoints
+        .iter()
+        .filter(|e| e.to_ascii_lowercase().starts_with("https://"))
+        .count();
+    if https != 0 && https != etcd.endpoints.len() {
+        problems.push(
+            "center.endpoints",
+            "mixes `https://` and plaintext endpoints; use one scheme for all",
+        );
+    }
+    match (&etcd.tls, https) {
+        (None, n) if n > 0 => problems.push(
+            "center.tls",
+            "`https://` endpoints need `[center.tls]` with `ca` (the CA certificate that \
+             signed etcd's certificate)",
+        ),
+        (Some(_), 0) if !etcd.endpoints.is_empty() => problems.push(
+            "center.tls",
+            "is set but the endpoints are plaintext: write them as `https://host:2379`",
+        ),
+        _ => {}
+    }
+    if let Some(tls) = &etcd.tls {
+        if tls.cert.is_some() != tls.key.is_some() {
+            problems.push(
+                "center.tls",
+                "`cert` and `key` go together (the client certificate and its private key)",
+            );
+        }
+        for (key, path) in [
+            ("center.tls.ca", Some(&tls.ca)),
+            ("center.tls.cert", tls.cert.as_ref()),
+            ("center.tls.key", tls.key.as_ref()),
+        ] {
+            if let Some(path) = path
+                && !path.is_file()
+            {
+                problems.push(key, format!("{} is not a readable file", path.display()));
+            }
+        }
+    }
+    if etcd.auth.is_some() && https == 0 && !etcd.allow_plaintext_password {
+        problems.push(
+            "center.auth",
+            "the etcd password would cross the network in clear: use `https://` endpoints \
+             with `[center.tls]`, or set `allow_plaintext_password = true` (development only)",
+        );
     }
 }
 
@@ -856,6 +913,8 @@ url = "http://127.0.0.1:8080/calls"
                 endpoints: endpoints.iter().map(ToString::to_string).collect(),
                 prefix: "/wasmrelay/".to_string(),
                 auth: None,
+                tls: None,
+                allow_plaintext_password: false,
                 wait_for_key: std::time::Duration::from_secs(1),
                 probe_timeout: std::time::Duration::from_secs(1),
                 drain_timeout: std::time::Duration::from_secs(1),
@@ -880,6 +939,55 @@ url = "http://127.0.0.1:8080/calls"
             problems(|c| c.center = Some(etcd(&["http://:2379"]))),
             "center.endpoints[0]",
             "not an etcd URL",
+        );
+    }
+
+    #[test]
+    fn an_etcd_password_needs_tls_and_https_needs_a_ca() {
+        let ca = tempfile::NamedTempFile::new().unwrap();
+        let etcd = |endpoint: &str, tls: bool, auth: bool, allow: bool| {
+            CenterConfig::Etcd(crate::config::EtcdCenterConfig {
+                endpoints: vec![endpoint.to_string()],
+                prefix: "/wasmrelay/".to_string(),
+                auth: auth.then(|| crate::config::EtcdAuth {
+                    user: "relay".into(),
+                    password: crate::config::Secret::new("Pa55-in-clear"),
+                }),
+                tls: tls.then(|| crate::config::EtcdTls {
+                    ca: ca.path().to_path_buf(),
+                    cert: None,
+                    key: None,
+                    domain: None,
+                }),
+                allow_plaintext_password: allow,
+                wait_for_key: std::time::Duration::from_secs(1),
+                probe_timeout: std::time::Duration::from_secs(1),
+                drain_timeout: std::time::Duration::from_secs(1),
+                files_dir: None,
+            })
+        };
+        let plain = "http://10.0.0.5:2379";
+        let tls = "https://10.0.0.5:2379";
+        let refused = problems(|c| c.center = Some(etcd(plain, false, true, false)));
+        assert_one(refused.clone(), "center.auth", "allow_plaintext_password");
+        assert!(!format!("{refused:?}").contains("Pa55-in-clear"));
+        assert_eq!(
+            problems(|c| c.center = Some(etcd(plain, false, true, true))),
+            Vec::<String>::new()
+        );
+        assert_eq!(
+            problems(|c| c.center = Some(etcd(tls, true, true, false))),
+            Vec::<String>::new()
+        );
+        assert_one(
+            problems(|c| c.center = Some(etcd(tls, false, false, false))),
+            "center.tls",
+            "need `[center.tls]`",
+        );
+        assert_one(
+            problems(|c| c.center = Some(etcd(plain, true, false, false))),
+            "center.tls",
+            "endpoints are plaintext",
         );
     }
 
@@ -923,6 +1031,76 @@ client_token_keys = [{ alg = "HS256", secret = "0123456789abcdef0123456789abcdef
             "cluster",
             "exactly one flow",
         );
+    }
+
+    #[test]
+    fn client_auth_needs_keys_and_each_key_one_source() {
+        use crate::config::{ClientAuthMode, Secret, TokenAlgorithm, TokenKeyConfig};
+        let key = |alg, path: Option<&str>, secret: Option<&str>| TokenKeyConfig {
+            alg,
+            path: path.map(Into::into),
+            secret: secret.map(Secret::new),
+        };
+        assert_one(
+            problems(|c| cluster(c).client_token_keys.clear()),
+            "cluster.client_token_keys",
+            "needs at least one key",
+        );
+        assert_one(
+            problems(|c| cluster(c).client_auth = ClientAuthMode::None),
+            "cluster.client_token_keys",
+            "no token would be checked",
+        );
+        assert_eq!(
+            problems(|c| {
+                let cluster = cluster(c);
+                cluster.client_auth = ClientAuthMode::None;
+                cluster.client_token_keys.clear();
+            }),
+            Vec::<String>::new()
+        );
+        assert_one(
+            problems(|c| {
+                cluster(c).client_token_keys = vec![key(TokenAlgorithm::Hs256, None, Some("short"))]
+            }),
+            "cluster.client_token_keys[0].secret",
+            "at least 32 bytes",
+        );
+        assert_one(
+            problems(|c| {
+                cluster(c).client_token_keys = vec![key(
+                    TokenAlgorithm::EdDsa,
+                    None,
+                    Some("0123456789abcdef0123456789abcdef"),
+                )]
+            }),
+            "cluster.client_token_keys[0].secret",
+            "HS256 only",
+        );
+        assert_one(
+            problems(|c| {
+                cluster(c).client_token_keys =
+                    vec![key(TokenAlgorithm::Hs256, Some("/k"), Some("x"))]
+            }),
+            "cluster.client_token_keys[0]",
+            "both `path` and `secret`",
+        );
+        assert_one(
+            problems(|c| {
+                cluster(c).client_token_keys = vec![key(TokenAlgorithm::EdDsa, None, None)]
+            }),
+            "cluster.client_token_keys[0]",
+            "needs `path`",
+        );
+        assert_one(
+            problems(|c| cluster(c).client_token_audience = Some(" ".to_string())),
+            "cluster.client_token_audience",
+            "must not be empty",
+        );
+        let parsed: TokenKeyConfig =
+            toml::from_str("alg = \"EdDSA\"\npath = \"/etc/issuer.pub.pem\"").unwrap();
+        assert_eq!(parsed.alg, TokenAlgorithm::EdDsa);
+        assert!(toml::from_str::<TokenKeyConfig>("alg = \"RS256\"\npath = \"/k\"").is_err());
     }
 
     #[test]
@@ -1012,76 +1190,6 @@ client_token_keys = [{ alg = "HS256", secret = "0123456789abcdef0123456789abcdef
             "center.files_dir",
             "missing is not a directory",
         );
-    }
-
-    #[test]
-    fn client_auth_needs_keys_and_each_key_one_source() {
-        use crate::config::{ClientAuthMode, Secret, TokenAlgorithm, TokenKeyConfig};
-        let key = |alg, path: Option<&str>, secret: Option<&str>| TokenKeyConfig {
-            alg,
-            path: path.map(Into::into),
-            secret: secret.map(Secret::new),
-        };
-        assert_one(
-            problems(|c| cluster(c).client_token_keys.clear()),
-            "cluster.client_token_keys",
-            "needs at least one key",
-        );
-        assert_one(
-            problems(|c| cluster(c).client_auth = ClientAuthMode::None),
-            "cluster.client_token_keys",
-            "no token would be checked",
-        );
-        assert_eq!(
-            problems(|c| {
-                let cluster = cluster(c);
-                cluster.client_auth = ClientAuthMode::None;
-                cluster.client_token_keys.clear();
-            }),
-            Vec::<String>::new()
-        );
-        assert_one(
-            problems(|c| {
-                cluster(c).client_token_keys = vec![key(TokenAlgorithm::Hs256, None, Some("short"))]
-            }),
-            "cluster.client_token_keys[0].secret",
-            "at least 32 bytes",
-        );
-        assert_one(
-            problems(|c| {
-                cluster(c).client_token_keys = vec![key(
-                    TokenAlgorithm::EdDsa,
-                    None,
-                    Some("0123456789abcdef0123456789abcdef"),
-                )]
-            }),
-            "cluster.client_token_keys[0].secret",
-            "HS256 only",
-        );
-        assert_one(
-            problems(|c| {
-                cluster(c).client_token_keys =
-                    vec![key(TokenAlgorithm::Hs256, Some("/k"), Some("x"))]
-            }),
-            "cluster.client_token_keys[0]",
-            "both `path` and `secret`",
-        );
-        assert_one(
-            problems(|c| {
-                cluster(c).client_token_keys = vec![key(TokenAlgorithm::EdDsa, None, None)]
-            }),
-            "cluster.client_token_keys[0]",
-            "needs `path`",
-        );
-        assert_one(
-            problems(|c| cluster(c).client_token_audience = Some(" ".to_string())),
-            "cluster.client_token_audience",
-            "must not be empty",
-        );
-        let parsed: TokenKeyConfig =
-            toml::from_str("alg = \"EdDSA\"\npath = \"/etc/issuer.pub.pem\"").unwrap();
-        assert_eq!(parsed.alg, TokenAlgorithm::EdDsa);
-        assert!(toml::from_str::<TokenKeyConfig>("alg = \"RS256\"\npath = \"/k\"").is_err());
     }
 
     #[test]

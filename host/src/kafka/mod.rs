@@ -9,12 +9,14 @@
 //! - [`consumer`]: the partitioned consumer ([`PartitionedConsumer`]).
 //! - [`producer`]: the producer ([`RelayProducer`]).
 //! - [`admin`]: creating the topics the relay owns.
+//! - [`probe`]: whether a cluster answers, and librdkafka's reason if not.
 
 pub mod admin;
 pub mod center_policy;
 pub mod consumer;
 pub mod link;
 pub mod offsets;
+pub mod probe;
 pub mod producer;
 pub mod record;
 pub mod tail;

@@ -23,6 +23,7 @@ use super::runner::{FlowRunner, RunningConsumer};
 use super::{KafkaLink, LinkGeneration, SwitchRecord};
 use crate::center::{CenterState, Reachability};
 use crate::kafka::admin::{TopicSpec, ensure_topics};
+use crate::kafka::probe::probe_cluster;
 use crate::kafka::{CenterPolicy, LinkInfo, RelayProducer};
 use crate::telemetry::metrics::RelayMetrics;
 
@@ -125,9 +126,15 @@ async fn switch(
 ) -> anyhow::Result<()> {
     let started = Instant::now();
     let at = SystemTime::now();
-    probe(&info, options.probe_timeout)
+    probe_cluster(&info, options.probe_timeout)
         .await
-        .with_context(|| format!("the new cluster {} does not answer", info.bootstrap_servers))?;
+        .with_context(|| {
+            format!(
+                "link `{}`: the new cluster {} does not answer",
+                link.id(),
+                info.bootstrap_servers
+            )
+        })?;
     ensure_topics(
         &info,
         &options.owned_topics,
@@ -198,17 +205,6 @@ async fn switch(
         tracing::info!(link = %link.id(), took = ?started.elapsed(), "link switch complete");
     });
     Ok(())
-}
-
-/// Asks the cluster for its metadata.
-async fn probe(info: &LinkInfo, timeout: Duration) -> anyhow::Result<()> {
-    let consumer: BaseConsumer = info
-        .create(&info.admin_config())
-        .context("creating a client")?;
-    tokio::task::spawn_blocking(move || consumer.fetch_metadata(None, timeout).map(|_| ()))
-        .await
-        .context("probe task")?
-        .context("metadata request")
 }
 
 /// Per partition: (high watermark at the switch, the group's position then).

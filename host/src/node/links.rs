@@ -14,6 +14,7 @@ use tokio_util::task::TaskTracker;
 use crate::center::{ConfigCenter, Reachability};
 use crate::config::{CenterConfig, LinkConfig, RelayConfig};
 use crate::kafka::admin::{TopicSpec, ensure_topics};
+use crate::kafka::probe::probe_cluster;
 use crate::kafka::{CenterPolicy, LinkInfo};
 use crate::link::KafkaLink;
 
@@ -21,6 +22,9 @@ use crate::link::KafkaLink;
 const CREATED_TOPIC_PARTITIONS: i32 = 3;
 /// How long creating topics may take at start-up.
 const TOPIC_CREATION_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long a failed link start is given to say why its cluster does not
+/// answer.
+const PROBE_ON_ERROR_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// The topics the relay writes to through link `id` (created when missing).
 pub(super) fn owned_topics(config: &RelayConfig, id: &str) -> Vec<TopicSpec> {
@@ -49,18 +53,31 @@ pub(super) async fn start_center(
 ) -> anyhow::Result<ConfigCenter> {
     let started = match center {
         CenterConfig::Dir(dir) => crate::center::dir::start(&dir.dir, tasks, stop).await?,
-        CenterConfig::Etcd(etcd) => crate::center::etcd::start(
-            crate::center::etcd::EtcdCenterOptions {
-                endpoints: etcd.endpoints.clone(),
-                prefix: etcd.prefix.clone(),
-                user: etcd
-                    .auth
-                    .as_ref()
-                    .map(|auth| (auth.user.clone(), auth.password.clone())),
-            },
-            tasks,
-            stop,
-        ),
+        CenterConfig::Etcd(etcd) => {
+            if etcd.auth.is_some() && etcd.tls.is_none() {
+                tracing::warn!(
+                    "INSECURE: the etcd password is sent in clear (`allow_plaintext_password`); \
+                     use https:// endpoints with [center.tls] outside development"
+                );
+            }
+            crate::center::etcd::start(
+                crate::center::etcd::EtcdCenterOptions {
+                    endpoints: etcd.endpoints.clone(),
+                    prefix: etcd.prefix.clone(),
+                    user: etcd
+                        .auth
+                        .as_ref()
+                        .map(|auth| (auth.user.clone(), auth.password.clone())),
+                    tls: etcd
+                        .tls
+                        .as_ref()
+                        .map(crate::center::etcd::EtcdTlsFiles::read)
+                        .transpose()?,
+                },
+                tasks,
+                stop,
+            )
+        }
     };
     tracing::info!(center = started.description(), "config center");
     Ok(started)
@@ -94,9 +111,20 @@ pub(super) async fn open(
                 "config",
             ),
         };
-        ensure_topics(&info, &owned_topics(config, id), TOPIC_CREATION_TIMEOUT)
-            .await
-            .with_context(|| format!("link `{id}`: preparing the topics the relay writes to"))?;
+        if let Err(error) =
+            ensure_topics(&info, &owned_topics(config, id), TOPIC_CREATION_TIMEOUT).await
+        {
+            // Say why the cluster does not answer (TLS, SASL, connection)
+            // when librdkafka knows, not only that a request timed out.
+            let error = match probe_cluster(&info, PROBE_ON_ERROR_TIMEOUT).await {
+                Err(reason) => error.context(format!("{reason:#}")),
+                Ok(()) => error,
+            };
+            return Err(error.context(format!(
+                "link `{id}` ({}): preparing the topics the relay writes to",
+                info.bootstrap_servers
+            )));
+        }
         links.insert(
             id.clone(),
             KafkaLink::new(id, info, source).with_context(|| format!("link `{id}`"))?,
