@@ -126,3 +126,23 @@ fn an_etcd_center_that_cannot_be_reached_fails_the_start_and_says_why() {
         );
     }
 }
+
+#[test]
+fn a_link_option_that_weakens_producer_durability_is_named() {
+    for (option, value, key) in [
+        ("acks", "0", "links.main.options.acks"),
+        (
+            "enable.idempotence",
+            "false",
+            "links.main.options.\"enable.idempotence\"",
+        ),
+    ] {
+        let config = base().replace(
+            "bootstrap_servers = \"127.0.0.1:9\"",
+            &format!(
+                "bootstrap_servers = \"127.0.0.1:9\"\noptions = {{ \"{option}\" = \"{value}\" }}"
+            ),
+        );
+        assert_rejected(&config, &[], &[key, "producer durability is the relay's"]);
+    }
+}
