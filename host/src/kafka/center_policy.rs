@@ -15,7 +15,9 @@
 //! Files (`ssl.ca.location`, `ssl.key.location`, `sasl.kerberos.keytab`...)
 //! are allowed only inside the center's `files_dir`: the path is resolved
 //! (symlinks and `..` included) and must stay inside that directory, and
-//! the resolved path is what librdkafka gets.
+//! the resolved path is what librdkafka gets. The directory is meant to be
+//! written by the operator only (a mounted Secret): the check proves where
+//! a path leads when the value arrives, not who wrote the file there.
 //!
 //! Owns the allowlist and the path check; not the parsing of a value (see
 //! [`super::link::LinkInfo::from_center_value`]) nor the config file's
