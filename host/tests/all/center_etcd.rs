@@ -20,6 +20,7 @@ fn options(etcd: &Etcd) -> EtcdCenterOptions {
         endpoints: vec![etcd.endpoint()],
         prefix: PREFIX.to_string(),
         user: None,
+        tls: None,
     }
 }
 
