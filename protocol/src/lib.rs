@@ -80,6 +80,7 @@ impl Kind {
             Kind::MeshWelcome(_) => "mesh_welcome",
             Kind::Forward(_) => "forward",
             Kind::ForwardAck(_) => "forward_ack",
+            Kind::MeshSealed(_) => "mesh_sealed",
         }
     }
 }

@@ -1,21 +1,96 @@
-//! Mesh authentication: a node dialing another proves it knows the cluster
-//! secret with an HMAC-SHA256 over both node ids, a fresh nonce and its
-//! clock; the acceptor proves it too by answering with an HMAC over the
-//! nonce. The exact texts are in `proto/wasmrelay.proto` (`MeshHello`,
-//! `MeshWelcome`) so that other implementations can interoperate.
+//! Cluster authentication with the cluster secret: the mesh handshake, the
+//! per-link session that authenticates every later mesh frame, and the MACs
+//! of the records nodes exchange through Kafka (heartbeats, routes).
+//!
+//! Every key is derived from the secret, one per purpose ([`purpose_key`]),
+//! so a MAC made for one purpose never passes for another. A node dialing
+//! another proves it knows the secret with an HMAC-SHA256 over both node
+//! ids, a fresh nonce and its clock; the acceptor answers with an HMAC over
+//! both nonces. Both then derive a session key per direction from the two
+//! nonces and node ids ([`SessionKeys`]); [`MeshCodec`] seals every frame
+//! after the handshake in a `MeshSealed` with a MAC and a sequence number,
+//! so a man in the middle that relays the handshake gets a link it can
+//! neither read into nor write on. The exact texts are in
+//! `proto/wasmrelay.proto` (`MeshHello`, `MeshWelcome`, `MeshSealed`) so
+//! that other implementations can interoperate; the record MAC is
+//! [`record_mac`].
+//!
+//! Owns the cryptography and the sealed framing; does not own the link's
+//! life (the host's mesh) nor what a record means (membership, routes).
 
+use bytes::BytesMut;
 use hmac::{Hmac, Mac as _};
+use prost::Message as _;
 use sha2::Sha256;
+use tokio_util::codec::{Decoder, Encoder};
+
+use crate::v1::{ErrorCode, MeshSealed};
+use crate::{CodecError, Frame, FrameCodec, Kind};
 
 /// How far apart the two nodes' clocks may be, in milliseconds.
 pub const MAX_CLOCK_SKEW_MS: i64 = 60_000;
 
+/// Bytes of a MAC (HMAC-SHA256).
+pub const MAC_BYTES: usize = 32;
+
 type HmacSha256 = Hmac<Sha256>;
 
-fn mac_of(secret: &[u8], text: &str) -> HmacSha256 {
-    let mut mac = HmacSha256::new_from_slice(secret).expect("HMAC takes keys of any length");
-    mac.update(text.as_bytes());
-    mac
+/// What a key derived from the cluster secret is for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Purpose {
+    /// The MACs of `MeshHello` and `MeshWelcome`.
+    MeshHandshake,
+    /// The root of the per-link session keys.
+    MeshSession,
+    /// The MACs of heartbeat records.
+    HeartbeatRecord,
+    /// The MACs of route records and route tombstones.
+    RouteRecord,
+}
+
+impl Purpose {
+    /// The purpose's name in the derivation text.
+    pub fn name(self) -> &'static str {
+        match self {
+            Purpose::MeshHandshake => "mesh-handshake",
+            Purpose::MeshSession => "mesh-session",
+            Purpose::HeartbeatRecord => "heartbeat-record",
+            Purpose::RouteRecord => "route-record",
+        }
+    }
+}
+
+/// A 32-byte key. Its `Debug` does not show it.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Key([u8; MAC_BYTES]);
+
+impl std::fmt::Debug for Key {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Key(<redacted>)")
+    }
+}
+
+impl Key {
+    fn mac(&self) -> HmacSha256 {
+        HmacSha256::new_from_slice(&self.0).expect("HMAC takes keys of any length")
+    }
+}
+
+fn hmac(key: &[u8], parts: &[&[u8]]) -> [u8; MAC_BYTES] {
+    let mut mac = HmacSha256::new_from_slice(key).expect("HMAC takes keys of any length");
+    for part in parts {
+        mac.update(part);
+    }
+    mac.finalize().into_bytes().into()
+}
+
+/// `HMAC-SHA256(secret, "wasmrelay-key\n" + purpose)`: the key of one
+/// purpose.
+pub fn purpose_key(secret: &[u8], purpose: Purpose) -> Key {
+    Key(hmac(
+        secret,
+        &[b"wasmrelay-key\n", purpose.name().as_bytes()],
+    ))
 }
 
 fn hello_text(node_id: &str, to_node_id: &str, nonce: &[u8], time_ms: i64) -> String {
@@ -25,8 +100,18 @@ fn hello_text(node_id: &str, to_node_id: &str, nonce: &[u8], time_ms: i64) -> St
     )
 }
 
-fn welcome_text(node_id: &str, nonce: &[u8]) -> String {
-    format!("wasmrelay-mesh-welcome\n{node_id}\n{}", hex::encode(nonce))
+fn welcome_text(node_id: &str, dialer_id: &str, dialer_nonce: &[u8], nonce: &[u8]) -> String {
+    format!(
+        "wasmrelay-mesh-welcome\n{node_id}\n{dialer_id}\n{}\n{}",
+        hex::encode(dialer_nonce),
+        hex::encode(nonce)
+    )
+}
+
+fn handshake_mac(secret: &[u8], text: &str) -> HmacSha256 {
+    let mut mac = purpose_key(secret, Purpose::MeshHandshake).mac();
+    mac.update(text.as_bytes());
+    mac
 }
 
 /// The `mac` of a `MeshHello`.
@@ -37,7 +122,7 @@ pub fn hello_mac(
     nonce: &[u8],
     time_ms: i64,
 ) -> Vec<u8> {
-    mac_of(secret, &hello_text(node_id, to_node_id, nonce, time_ms))
+    handshake_mac(secret, &hello_text(node_id, to_node_id, nonce, time_ms))
         .finalize()
         .into_bytes()
         .to_vec()
@@ -56,7 +141,7 @@ pub fn verify_hello(
             (hello.time_ms - now_ms).abs()
         ));
     }
-    mac_of(
+    handshake_mac(
         secret,
         &hello_text(
             &hello.node_id,
@@ -69,29 +154,326 @@ pub fn verify_hello(
     .map_err(|_| format!("node {} does not know the cluster secret", hello.node_id))
 }
 
-/// The `mac` of a `MeshWelcome`.
-pub fn welcome_mac(secret: &[u8], node_id: &str, nonce: &[u8]) -> Vec<u8> {
-    mac_of(secret, &welcome_text(node_id, nonce))
-        .finalize()
-        .into_bytes()
-        .to_vec()
+/// The `mac` of a `MeshWelcome` from `node_id` with its `nonce`, answering
+/// `dialer_id`'s hello with `dialer_nonce`.
+pub fn welcome_mac(
+    secret: &[u8],
+    node_id: &str,
+    dialer_id: &str,
+    dialer_nonce: &[u8],
+    nonce: &[u8],
+) -> Vec<u8> {
+    handshake_mac(
+        secret,
+        &welcome_text(node_id, dialer_id, dialer_nonce, nonce),
+    )
+    .finalize()
+    .into_bytes()
+    .to_vec()
 }
 
-/// Checks a `MeshWelcome`'s `mac` against the nonce the dialer sent.
+/// Checks a `MeshWelcome`'s `mac` against the hello `dialer_id` sent with
+/// `dialer_nonce`.
 pub fn verify_welcome(
     secret: &[u8],
     welcome: &crate::v1::MeshWelcome,
-    nonce: &[u8],
+    dialer_id: &str,
+    dialer_nonce: &[u8],
 ) -> Result<(), String> {
-    mac_of(secret, &welcome_text(&welcome.node_id, nonce))
-        .verify_slice(&welcome.mac)
-        .map_err(|_| format!("node {} does not know the cluster secret", welcome.node_id))
+    handshake_mac(
+        secret,
+        &welcome_text(&welcome.node_id, dialer_id, dialer_nonce, &welcome.nonce),
+    )
+    .verify_slice(&welcome.mac)
+    .map_err(|_| format!("node {} does not know the cluster secret", welcome.node_id))
+}
+
+/// The two keys of one mesh link, one per direction.
+#[derive(Clone, Debug)]
+pub struct SessionKeys {
+    /// Seals what the dialer sends.
+    pub dialer_to_acceptor: Key,
+    /// Seals what the acceptor sends.
+    pub acceptor_to_dialer: Key,
+}
+
+impl SessionKeys {
+    /// The keys of the link `dialer_id` opened to `acceptor_id` with these
+    /// nonces (see `proto/wasmrelay.proto`, "Session").
+    pub fn derive(
+        secret: &[u8],
+        dialer_id: &str,
+        acceptor_id: &str,
+        dialer_nonce: &[u8],
+        acceptor_nonce: &[u8],
+    ) -> SessionKeys {
+        let root = purpose_key(secret, Purpose::MeshSession);
+        let text = format!(
+            "wasmrelay-mesh-session\n{dialer_id}\n{acceptor_id}\n{}\n{}",
+            hex::encode(dialer_nonce),
+            hex::encode(acceptor_nonce)
+        );
+        let master = hmac(&root.0, &[text.as_bytes()]);
+        SessionKeys {
+            dialer_to_acceptor: Key(hmac(&master, &[b"dialer-to-acceptor"])),
+            acceptor_to_dialer: Key(hmac(&master, &[b"acceptor-to-dialer"])),
+        }
+    }
+
+    /// `(sending, receiving)` keys for the dialer's end.
+    pub fn for_dialer(self) -> (Key, Key) {
+        (self.dialer_to_acceptor, self.acceptor_to_dialer)
+    }
+
+    /// `(sending, receiving)` keys for the acceptor's end.
+    pub fn for_acceptor(self) -> (Key, Key) {
+        (self.acceptor_to_dialer, self.dialer_to_acceptor)
+    }
+}
+
+fn sealed_mac(key: &Key, seq: u64, frame: &[u8]) -> HmacSha256 {
+    let mut mac = key.mac();
+    mac.update(&seq.to_be_bytes());
+    mac.update(frame);
+    mac
+}
+
+/// The `MeshSealed` frame carrying `frame` as the `seq`th of its direction.
+pub fn seal(key: &Key, seq: u64, frame: &Frame) -> Frame {
+    let inner = frame.encode_to_vec();
+    let mac = sealed_mac(key, seq, &inner)
+        .finalize()
+        .into_bytes()
+        .to_vec();
+    Frame::of(Kind::MeshSealed(MeshSealed {
+        seq,
+        frame: inner.into(),
+        mac: mac.into(),
+    }))
+}
+
+/// The size of the `MeshSealed` frame carrying a frame of `inner_len`
+/// bytes, at most (the sequence number taken at its longest).
+pub fn sealed_len(inner_len: usize) -> usize {
+    use prost::encoding::encoded_len_varint;
+    let sealed = (1 + encoded_len_varint(u64::MAX))
+        + (1 + encoded_len_varint(inner_len as u64) + inner_len)
+        + (1 + encoded_len_varint(MAC_BYTES as u64) + MAC_BYTES);
+    // Field 24 of `Frame`: a two-byte tag.
+    2 + encoded_len_varint(sealed as u64) + sealed
+}
+
+/// What was wrong with what arrived on (or was to be sent on) a mesh link.
+#[derive(Debug, thiserror::Error)]
+pub enum MeshWireError {
+    /// The framing itself: size, protobuf, socket.
+    #[error(transparent)]
+    Codec(#[from] CodecError),
+    /// A frame that is not a `MeshSealed` after the handshake.
+    #[error("a {0} frame arrived unsealed after the mesh handshake")]
+    Unsealed(&'static str),
+    /// A `MeshSealed` out of sequence: replayed, reordered or one dropped.
+    #[error(
+        "sealed frame {got} arrived where frame {expected} was due (replayed, reordered or dropped)"
+    )]
+    OutOfOrder {
+        /// The next seq due.
+        expected: u64,
+        /// The seq received.
+        got: u64,
+    },
+    /// A `MeshSealed` whose MAC does not verify: altered, or made without
+    /// the key.
+    #[error(
+        "sealed frame {seq} does not authenticate (altered, or made without the cluster secret)"
+    )]
+    BadMac {
+        /// Its seq.
+        seq: u64,
+    },
+    /// The frame inside a `MeshSealed` is not a frame that may be sealed.
+    #[error("sealed frame {seq} does not carry a valid frame: {reason}")]
+    BadInner {
+        /// Its seq.
+        seq: u64,
+        /// What was wrong.
+        reason: String,
+    },
+}
+
+impl From<std::io::Error> for MeshWireError {
+    fn from(error: std::io::Error) -> Self {
+        MeshWireError::Codec(CodecError::Io(error))
+    }
+}
+
+impl MeshWireError {
+    /// The error code to send to the peer before closing, if any.
+    pub fn code(&self) -> Option<ErrorCode> {
+        match self {
+            MeshWireError::Codec(error) => error.code(),
+            MeshWireError::Unsealed(_)
+            | MeshWireError::OutOfOrder { .. }
+            | MeshWireError::BadMac { .. } => Some(ErrorCode::Unauthorized),
+            MeshWireError::BadInner { .. } => Some(ErrorCode::BadFrame),
+        }
+    }
+
+    /// Whether the peer's frames failed authentication (rather than being
+    /// malformed or the socket failing).
+    pub fn is_unauthorized(&self) -> bool {
+        self.code() == Some(ErrorCode::Unauthorized)
+    }
+}
+
+/// One direction's key and next sequence number.
+#[derive(Clone, Debug)]
+struct Direction {
+    key: Key,
+    next: u64,
+}
+
+/// The framing of a mesh link: plain frames during the handshake, then
+/// (after [`MeshCodec::seal_with`]) every frame sealed in a `MeshSealed`
+/// both ways. `max_frame_bytes` limits the frames on the wire, the sealed
+/// ones included.
+#[derive(Clone, Debug)]
+pub struct MeshCodec {
+    frames: FrameCodec,
+    send: Option<Direction>,
+    receive: Option<Direction>,
+}
+
+impl MeshCodec {
+    /// A codec for the handshake, refusing frames over `max_frame_bytes`.
+    pub fn new(max_frame_bytes: usize) -> MeshCodec {
+        MeshCodec {
+            frames: FrameCodec::new(max_frame_bytes),
+            send: None,
+            receive: None,
+        }
+    }
+
+    /// From now on seals what is sent with `send` and accepts only frames
+    /// sealed with `receive`, both numbered from 1.
+    pub fn seal_with(&mut self, (send, receive): (Key, Key)) {
+        self.send = Some(Direction { key: send, next: 1 });
+        self.receive = Some(Direction {
+            key: receive,
+            next: 1,
+        });
+    }
+
+    /// Whether frames are sealed now.
+    pub fn is_sealed(&self) -> bool {
+        self.send.is_some()
+    }
+
+    /// The largest frame on the wire.
+    pub fn max_frame_bytes(&self) -> usize {
+        self.frames.max_frame_bytes()
+    }
+
+    fn open(&mut self, frame: Frame) -> Result<Frame, MeshWireError> {
+        let Some(receive) = &mut self.receive else {
+            return Ok(frame);
+        };
+        let sealed = match frame.kind {
+            Some(Kind::MeshSealed(sealed)) => sealed,
+            _ => return Err(MeshWireError::Unsealed(frame.kind_name())),
+        };
+        if sealed.seq != receive.next {
+            return Err(MeshWireError::OutOfOrder {
+                expected: receive.next,
+                got: sealed.seq,
+            });
+        }
+        sealed_mac(&receive.key, sealed.seq, &sealed.frame)
+            .verify_slice(&sealed.mac)
+            .map_err(|_| MeshWireError::BadMac { seq: sealed.seq })?;
+        receive.next += 1;
+        let seq = sealed.seq;
+        let inner = Frame::decode(sealed.frame).map_err(|e| MeshWireError::BadInner {
+            seq,
+            reason: e.to_string(),
+        })?;
+        match &inner.kind {
+            None => Err(MeshWireError::BadInner {
+                seq,
+                reason: "a frame with no kind this version knows".to_string(),
+            }),
+            Some(Kind::MeshSealed(_) | Kind::MeshHello(_) | Kind::MeshWelcome(_)) => {
+                Err(MeshWireError::BadInner {
+                    seq,
+                    reason: format!("a {} frame may not be sealed", inner.kind_name()),
+                })
+            }
+            Some(_) => Ok(inner),
+        }
+    }
+}
+
+impl Decoder for MeshCodec {
+    type Item = Frame;
+    type Error = MeshWireError;
+
+    fn decode(&mut self, src: &mut BytesMut) -> Result<Option<Frame>, MeshWireError> {
+        match self.frames.decode(src)? {
+            Some(frame) => self.open(frame).map(Some),
+            None => Ok(None),
+        }
+    }
+
+    fn decode_eof(&mut self, src: &mut BytesMut) -> Result<Option<Frame>, MeshWireError> {
+        match self.frames.decode_eof(src)? {
+            Some(frame) => self.open(frame).map(Some),
+            None => Ok(None),
+        }
+    }
+}
+
+impl Encoder<Frame> for MeshCodec {
+    type Error = MeshWireError;
+
+    fn encode(&mut self, frame: Frame, dst: &mut BytesMut) -> Result<(), MeshWireError> {
+        let Some(send) = &mut self.send else {
+            return Ok(self.frames.encode_frame(&frame, dst)?);
+        };
+        let sealed = seal(&send.key, send.next, &frame);
+        self.frames.encode_frame(&sealed, dst)?;
+        send.next += 1;
+        Ok(())
+    }
+}
+
+/// The MAC of a cluster record: HMAC-SHA256 with `key` (the purpose key of
+/// the record's topic) over the label `wasmrelay-record`, the record's
+/// `kind` and its `parts` (key, value, and whatever else the kind names),
+/// each as a 4-byte big-endian length then its bytes, so no two different
+/// records have the same input.
+pub fn record_mac(key: &Key, kind: &str, parts: &[&[u8]]) -> [u8; MAC_BYTES] {
+    record_hmac(key, kind, parts).finalize().into_bytes().into()
+}
+
+/// Checks a record MAC (in constant time).
+pub fn verify_record_mac(key: &Key, kind: &str, parts: &[&[u8]], mac: &[u8]) -> bool {
+    record_hmac(key, kind, parts).verify_slice(mac).is_ok()
+}
+
+fn record_hmac(key: &Key, kind: &str, parts: &[&[u8]]) -> HmacSha256 {
+    let mut mac = key.mac();
+    let label: &[u8] = b"wasmrelay-record";
+    for part in [label, kind.as_bytes()].iter().chain(parts) {
+        mac.update(&u32::try_from(part.len()).unwrap_or(u32::MAX).to_be_bytes());
+        mac.update(part);
+    }
+    mac
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::v1::{MeshHello, MeshWelcome};
+    use crate::v1::{MeshHello, MeshWelcome, Ping};
 
     fn hello(secret: &[u8], time_ms: i64) -> MeshHello {
         let nonce = vec![7; 16];
@@ -125,14 +507,152 @@ mod tests {
     }
 
     #[test]
-    fn the_welcome_proves_the_acceptor_knows_the_secret() {
-        let nonce = [1u8; 16];
+    fn the_welcome_proves_the_acceptor_knows_the_secret_and_binds_both_nonces() {
+        let dialer_nonce = [1u8; 16];
+        let nonce = [3u8; 16];
         let welcome = MeshWelcome {
             node_id: "b".to_string(),
-            mac: welcome_mac(b"s", "b", &nonce).into(),
+            mac: welcome_mac(b"s", "b", "a", &dialer_nonce, &nonce).into(),
+            nonce: nonce.to_vec().into(),
         };
-        assert!(verify_welcome(b"s", &welcome, &nonce).is_ok());
-        assert!(verify_welcome(b"x", &welcome, &nonce).is_err());
-        assert!(verify_welcome(b"s", &welcome, &[2u8; 16]).is_err());
+        assert!(verify_welcome(b"s", &welcome, "a", &dialer_nonce).is_ok());
+        assert!(verify_welcome(b"x", &welcome, "a", &dialer_nonce).is_err());
+        assert!(verify_welcome(b"s", &welcome, "a", &[2u8; 16]).is_err());
+        assert!(verify_welcome(b"s", &welcome, "c", &dialer_nonce).is_err());
+        let swapped = MeshWelcome {
+            nonce: vec![4u8; 16].into(),
+            ..welcome
+        };
+        assert!(verify_welcome(b"s", &swapped, "a", &dialer_nonce).is_err());
+    }
+
+    #[test]
+    fn purposes_have_different_keys() {
+        let keys = [
+            Purpose::MeshHandshake,
+            Purpose::MeshSession,
+            Purpose::HeartbeatRecord,
+            Purpose::RouteRecord,
+        ]
+        .map(|p| purpose_key(b"secret", p));
+        for (i, a) in keys.iter().enumerate() {
+            for b in &keys[i + 1..] {
+                assert_ne!(a, b);
+            }
+        }
+        assert_eq!(format!("{:?}", keys[0]), "Key(<redacted>)");
+    }
+
+    fn linked_codecs(secret: &[u8]) -> (MeshCodec, MeshCodec) {
+        let keys = SessionKeys::derive(secret, "a", "b", &[1; 16], &[2; 16]);
+        let mut dialer = MeshCodec::new(1024);
+        dialer.seal_with(keys.clone().for_dialer());
+        let mut acceptor = MeshCodec::new(1024);
+        acceptor.seal_with(keys.for_acceptor());
+        (dialer, acceptor)
+    }
+
+    fn ping(nonce: u64) -> Frame {
+        Frame::of(Kind::Ping(Ping { nonce }))
+    }
+
+    fn encode(codec: &mut MeshCodec, frame: Frame) -> BytesMut {
+        let mut bytes = BytesMut::new();
+        codec.encode(frame, &mut bytes).unwrap();
+        bytes
+    }
+
+    #[test]
+    fn sealed_frames_pass_in_order_both_ways() {
+        let (mut dialer, mut acceptor) = linked_codecs(b"s");
+        for n in 1..4 {
+            let mut bytes = encode(&mut dialer, ping(n));
+            assert_eq!(acceptor.decode(&mut bytes).unwrap(), Some(ping(n)));
+            let mut bytes = encode(&mut acceptor, ping(n + 10));
+            assert_eq!(dialer.decode(&mut bytes).unwrap(), Some(ping(n + 10)));
+        }
+    }
+
+    #[test]
+    fn an_altered_replayed_reflected_or_unsealed_frame_is_refused() {
+        let (mut dialer, mut acceptor) = linked_codecs(b"s");
+        let first = encode(&mut dialer, ping(1));
+        // Altered: flip the last byte of the MAC, then of the carried frame.
+        for at in [first.len() - 1, first.len() - MAC_BYTES - 3] {
+            let (_, mut fresh) = linked_codecs(b"s");
+            let mut bytes = first.clone();
+            bytes[at] ^= 1;
+            let error = fresh.decode(&mut bytes).unwrap_err();
+            assert!(matches!(error, MeshWireError::BadMac { seq: 1 }), "{error}");
+        }
+        // Replayed.
+        assert!(acceptor.decode(&mut first.clone()).unwrap().is_some());
+        let error = acceptor.decode(&mut first.clone()).unwrap_err();
+        assert!(
+            matches!(
+                error,
+                MeshWireError::OutOfOrder {
+                    expected: 2,
+                    got: 1
+                }
+            ),
+            "{error}"
+        );
+        // Reflected back to its sender.
+        let (mut dialer, _) = linked_codecs(b"s");
+        let (mut other_dialer, _) = linked_codecs(b"s");
+        let mut bytes = encode(&mut other_dialer, ping(1));
+        assert!(matches!(
+            dialer.decode(&mut bytes).unwrap_err(),
+            MeshWireError::BadMac { .. }
+        ));
+        // Made with another secret.
+        let (mut forger, _) = linked_codecs(b"not the secret");
+        let (_, mut acceptor) = linked_codecs(b"s");
+        let mut bytes = encode(&mut forger, ping(1));
+        assert!(acceptor.decode(&mut bytes).unwrap_err().is_unauthorized());
+        // Unsealed.
+        let (_, mut acceptor) = linked_codecs(b"s");
+        let mut bytes = BytesMut::new();
+        FrameCodec::new(1024)
+            .encode_frame(&ping(1), &mut bytes)
+            .unwrap();
+        let error = acceptor.decode(&mut bytes).unwrap_err();
+        assert!(matches!(error, MeshWireError::Unsealed("ping")), "{error}");
+        assert_eq!(error.code(), Some(ErrorCode::Unauthorized));
+    }
+
+    #[test]
+    fn the_sealed_size_bound_holds_and_the_maximum_applies_to_sealed_frames() {
+        for n in [0u64, 1, 1000] {
+            let frame = ping(n);
+            let sealed = seal(&purpose_key(b"s", Purpose::MeshSession), u64::MAX, &frame);
+            assert!(sealed.encoded_len() <= sealed_len(frame.encoded_len()));
+        }
+        let (mut dialer, _) = linked_codecs(b"s");
+        let big = Frame::error(ErrorCode::BadFrame, "x".repeat(1000));
+        let error = dialer.encode(big, &mut BytesMut::new()).unwrap_err();
+        assert!(
+            matches!(error, MeshWireError::Codec(CodecError::TooLarge { .. })),
+            "{error}"
+        );
+    }
+
+    #[test]
+    fn record_macs_cover_kind_and_every_part() {
+        let key = purpose_key(b"s", Purpose::RouteRecord);
+        let mac = record_mac(&key, "route", &[b"p", b"v"]);
+        assert!(verify_record_mac(&key, "route", &[b"p", b"v"], &mac));
+        assert!(!verify_record_mac(
+            &key,
+            "route-removal",
+            &[b"p", b"v"],
+            &mac
+        ));
+        assert!(!verify_record_mac(&key, "route", &[b"pv", b""], &mac));
+        assert!(!verify_record_mac(&key, "route", &[b"p", b"w"], &mac));
+        assert!(!verify_record_mac(&key, "route", &[b"p", b"v"], &mac[..31]));
+        let other = purpose_key(b"s", Purpose::HeartbeatRecord);
+        assert!(!verify_record_mac(&other, "route", &[b"p", b"v"], &mac));
     }
 }

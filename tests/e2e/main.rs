@@ -9,6 +9,7 @@
 mod admin_listener;
 mod client_auth;
 mod cluster;
+mod cluster_records;
 mod demo;
 mod harness;
 mod link_switch;

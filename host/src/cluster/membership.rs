@@ -6,6 +6,20 @@
 //! `wasmrelay_cluster_alarm` metric, `/cluster`, and a record on the alarm
 //! topic if one is configured.
 //!
+//! Every heartbeat carries a MAC made with the cluster secret (header
+//! [`MAC_HEADER`], see `docs/CLUSTER-RECORDS.md`); one without a good MAC,
+//! one that cannot be read, one older than the node timeout plus the
+//! allowed clock skew (`stale`) and one not newer than the last from the
+//! same instance (`replayed`) are ignored, logged and counted in
+//! `wasmrelay_cluster_records_rejected_total`. So only a holder of the
+//! secret can make a node look live or move its addresses.
+//!
+//! Each node instance draws a random instance id at start. Before it
+//! serves, [`check_no_live_twin`] watches the heartbeats for a while and
+//! refuses to start when another instance with the same node id is
+//! beating; while it runs, a heartbeat with its id from another instance
+//! fires the alarm (a live twin would hide its routes).
+//!
 //! The current picture is published as a [`ClusterView`] on a watch
 //! channel; the mesh and the route table follow it.
 
@@ -18,18 +32,29 @@ use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
+use wasmrelay_protocol::mesh_auth::{Key, MAX_CLOCK_SKEW_MS, record_mac, verify_record_mac};
 
 use crate::gateway::Gateway;
-use crate::kafka::OutputRecord;
 use crate::kafka::tail::TailEvent;
+use crate::kafka::{InputRecord, OutputRecord};
 use crate::link::KafkaLink;
 use crate::telemetry::metrics::ClusterMetrics;
 
-/// One node's heartbeat, as JSON on the heartbeat topic (key: node id).
+/// The header that carries a cluster record's MAC (32 raw bytes).
+pub const MAC_HEADER: &str = "wasmrelay-mac";
+
+/// The record kind in a heartbeat's MAC.
+const HEARTBEAT_KIND: &str = "heartbeat";
+
+/// One node's heartbeat, as JSON on the heartbeat topic (key: node id,
+/// header [`MAC_HEADER`]).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Heartbeat {
     /// The node.
     pub node_id: String,
+    /// This run of the node: random, drawn at start.
+    #[serde(default)]
+    pub instance_id: String,
     /// Where business processes connect to it.
     pub client_addr: String,
     /// Where other nodes connect to it.
@@ -70,8 +95,12 @@ pub struct ClusterView {
     pub live: usize,
     /// The configured minimum.
     pub min_live_nodes: usize,
-    /// True while `live < min_live_nodes`.
+    /// True while `live < min_live_nodes`, or while another instance with
+    /// this node's id is beating (see `twin_instance`).
     pub alarm: bool,
+    /// The instance id of another instance beating with this node's id,
+    /// while its heartbeats arrive within the node timeout.
+    pub twin_instance: Option<String>,
 }
 
 impl ClusterView {
@@ -105,6 +134,8 @@ pub struct MembershipOptions {
     pub node_timeout: Duration,
     /// Alarm below this many live nodes.
     pub min_live_nodes: usize,
+    /// The key of heartbeat MACs (from the cluster secret).
+    pub key: Key,
 }
 
 /// Forget a node that has been silent this many node timeouts.
@@ -113,6 +144,184 @@ const FORGET_AFTER_TIMEOUTS: u32 = 20;
 struct NodeEntry {
     heartbeat: Heartbeat,
     last_seen: Instant,
+}
+
+/// Why a heartbeat record was ignored (the `reason` label).
+#[derive(Debug)]
+enum Rejected {
+    MissingMac,
+    BadMac,
+    Malformed(String),
+    Stale(i64),
+    Replayed,
+}
+
+impl Rejected {
+    fn reason(&self) -> &'static str {
+        match self {
+            Rejected::MissingMac => "missing_mac",
+            Rejected::BadMac => "bad_mac",
+            Rejected::Malformed(_) => "malformed",
+            Rejected::Stale(_) => "stale",
+            Rejected::Replayed => "replayed",
+        }
+    }
+}
+
+impl std::fmt::Display for Rejected {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Rejected::MissingMac => f.write_str("it carries no MAC"),
+            Rejected::BadMac => f.write_str(
+                "its MAC does not verify (forged, altered, or made with another cluster secret)",
+            ),
+            Rejected::Malformed(why) => write!(f, "it cannot be read: {why}"),
+            Rejected::Stale(age) => write!(f, "it was sent {age} ms ago (a replay?)"),
+            Rejected::Replayed => {
+                f.write_str("it is not newer than the last heartbeat of its instance (a replay?)")
+            }
+        }
+    }
+}
+
+/// The MAC header's value for a heartbeat record.
+fn heartbeat_mac(key: &Key, record_key: &[u8], value: &[u8]) -> Vec<u8> {
+    record_mac(key, HEARTBEAT_KIND, &[record_key, value]).to_vec()
+}
+
+/// Reads a heartbeat record: its MAC must verify over its key and value,
+/// the key must be the node id, and it must be recent (by the sender's
+/// clock, allowing for skew) so that an old record written again is not
+/// taken for a live node.
+fn open_heartbeat(
+    key: &Key,
+    record: &InputRecord,
+    node_timeout: Duration,
+) -> Result<Heartbeat, Rejected> {
+    let Some(value) = record.value.as_deref() else {
+        return Err(Rejected::Malformed("it has no value".to_string()));
+    };
+    let record_key = record.key.as_deref().unwrap_or_default();
+    let mac = record
+        .headers
+        .iter()
+        .find(|(name, _)| name == MAC_HEADER)
+        .map(|(_, value)| value.as_slice())
+        .ok_or(Rejected::MissingMac)?;
+    if !verify_record_mac(key, HEARTBEAT_KIND, &[record_key, value], mac) {
+        return Err(Rejected::BadMac);
+    }
+    let beat: Heartbeat =
+        serde_json::from_slice(value).map_err(|e| Rejected::Malformed(e.to_string()))?;
+    if beat.node_id.as_bytes() != record_key {
+        return Err(Rejected::Malformed(
+            "its key is not its node id".to_string(),
+        ));
+    }
+    let age = super::now_ms() - beat.sent_at_ms;
+    let limit = i64::try_from(node_timeout.as_millis()).unwrap_or(i64::MAX) + MAX_CLOCK_SKEW_MS;
+    if age > limit {
+        return Err(Rejected::Stale(age));
+    }
+    Ok(beat)
+}
+
+/// Logs and counts a heartbeat record that was ignored.
+fn reject(metrics: &ClusterMetrics, topic: &str, record: &InputRecord, why: &Rejected) {
+    let key = String::from_utf8_lossy(record.key.as_deref().unwrap_or_default());
+    tracing::warn!(%topic, offset = record.offset, key = ?key, reason = why.reason(), "ignoring a heartbeat: {why}");
+    metrics.record_rejected(topic, why.reason());
+}
+
+/// Why a node may not start.
+#[derive(Debug, thiserror::Error)]
+pub enum StartRefused {
+    /// Another instance with this node id is beating.
+    #[error(
+        "node id `{node_id}` is already in use by a live node (instance {instance_id}, mesh address {mesh_addr}, started at {started_at_ms} ms since the epoch); give this node another `node.id`, or stop the other one and start this one again"
+    )]
+    LiveTwin {
+        /// The node id.
+        node_id: String,
+        /// The other instance.
+        instance_id: String,
+        /// Its mesh address.
+        mesh_addr: String,
+        /// When it started (its clock).
+        started_at_ms: i64,
+    },
+    /// The heartbeat topic could not be read.
+    #[error("the heartbeat topic reader stopped before the node id could be checked")]
+    ReaderStopped,
+}
+
+/// Watches the heartbeat topic (a tail from its end) until it is read to
+/// the end and then for `watch` more, and refuses when a heartbeat with a
+/// good MAC, `node_id` and another instance id than `instance_id` arrives
+/// (and is not that instance's leaving heartbeat).
+///
+/// A live instance beats every heartbeat interval, so watching a little
+/// longer than one interval sees it. Only heartbeats sent after the watch
+/// began count: a node restarted after a crash is not blocked by its old
+/// instance's last heartbeats, only by one that is still beating. The cost
+/// is that a start waits `watch`; a twin started at the very same moment
+/// as this one can be missed (it is then caught by the running check, which
+/// fires the alarm).
+pub async fn check_no_live_twin(
+    heartbeats: &mut mpsc::Receiver<TailEvent>,
+    options: &MembershipOptions,
+    watch: Duration,
+    metrics: &ClusterMetrics,
+) -> Result<(), StartRefused> {
+    let self_id = &options.identity.node_id;
+    let mut deadline: Option<Instant> = None;
+    let mut twin: Option<Heartbeat> = None;
+    loop {
+        let event = match deadline {
+            None => heartbeats.recv().await,
+            Some(deadline) => match tokio::time::timeout_at(deadline, heartbeats.recv()).await {
+                Ok(event) => event,
+                Err(_) => break,
+            },
+        };
+        match event {
+            None => return Err(StartRefused::ReaderStopped),
+            Some(TailEvent::CaughtUp) => {
+                deadline.get_or_insert_with(|| Instant::now() + watch);
+            }
+            Some(TailEvent::Record(record)) => {
+                let beat = match open_heartbeat(&options.key, &record, options.node_timeout) {
+                    Ok(beat) => beat,
+                    Err(why) => {
+                        reject(metrics, &options.topic, &record, &why);
+                        continue;
+                    }
+                };
+                if beat.node_id != *self_id || beat.instance_id == options.identity.instance_id {
+                    continue;
+                }
+                if beat.leaving {
+                    if twin
+                        .as_ref()
+                        .is_some_and(|t| t.instance_id == beat.instance_id)
+                    {
+                        twin = None;
+                    }
+                } else {
+                    twin = Some(beat);
+                }
+            }
+        }
+    }
+    match twin {
+        None => Ok(()),
+        Some(beat) => Err(StartRefused::LiveTwin {
+            node_id: beat.node_id,
+            instance_id: beat.instance_id,
+            mesh_addr: beat.mesh_addr,
+            started_at_ms: beat.started_at_ms,
+        }),
+    }
 }
 
 /// Runs membership until `shutdown`: publishes heartbeats, reads them from
@@ -135,6 +344,8 @@ pub async fn run_membership(
     let mut nodes: BTreeMap<String, NodeEntry> = BTreeMap::new();
     let started = Instant::now();
     let mut alarm = false;
+    // Another instance with this node's id: its id and when it last beat.
+    let mut twin: Option<(String, Instant)> = None;
     let mut tick = tokio::time::interval(options.interval);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
@@ -143,30 +354,48 @@ pub async fn run_membership(
             _ = tick.tick() => {
                 let beat = current_heartbeat(&options, &gateway, false);
                 metrics.connections.set(i64::try_from(beat.connections).unwrap_or(i64::MAX));
-                publish_heartbeat(&link, &options.topic, &beat, &acks).await;
+                publish_heartbeat(&link, &options, &beat, &acks).await;
                 // This node knows it is alive without waiting for Kafka.
                 nodes.insert(self_id.clone(), NodeEntry { heartbeat: beat, last_seen: Instant::now() });
             }
             event = heartbeats.recv() => {
                 let Some(event) = event else { break };
                 let TailEvent::Record(record) = event else { continue };
-                match record.value.as_deref().map(serde_json::from_slice::<Heartbeat>) {
-                    Some(Ok(beat)) => {
-                        let known = nodes.get(&beat.node_id).is_some_and(|n| !n.heartbeat.leaving);
-                        if !known && !beat.leaving && beat.node_id != self_id {
-                            tracing::info!(node = %beat.node_id, mesh = %beat.mesh_addr, "node joined");
-                        }
-                        if beat.leaving {
-                            tracing::info!(node = %beat.node_id, "node left");
-                        }
-                        nodes.insert(beat.node_id.clone(), NodeEntry { heartbeat: beat, last_seen: Instant::now() });
-                    }
-                    Some(Err(error)) => {
-                        tracing::warn!(topic = %options.topic, offset = record.offset, %error, "ignoring a heartbeat that is not valid JSON");
+                let beat = match open_heartbeat(&options.key, &record, options.node_timeout) {
+                    Ok(beat) => beat,
+                    Err(why) => {
+                        reject(&metrics, &options.topic, &record, &why);
                         continue;
                     }
-                    None => continue,
+                };
+                if beat.node_id == self_id {
+                    if beat.instance_id != options.identity.instance_id {
+                        // Not inserted: this node's entry stays its own.
+                        metrics.twin_heartbeats.inc();
+                        if beat.leaving {
+                            twin = None;
+                        } else {
+                            tracing::error!(node = %self_id, instance = %options.identity.instance_id, other_instance = %beat.instance_id, other_mesh = %beat.mesh_addr, "another instance is running with this node's id: their routes hide each other's");
+                            twin = Some((beat.instance_id, Instant::now()));
+                        }
+                    }
+                    continue;
                 }
+                if let Some(known) = nodes.get(&beat.node_id)
+                    && known.heartbeat.instance_id == beat.instance_id
+                    && known.heartbeat.sent_at_ms >= beat.sent_at_ms
+                {
+                    reject(&metrics, &options.topic, &record, &Rejected::Replayed);
+                    continue;
+                }
+                let known = nodes.get(&beat.node_id).is_some_and(|n| !n.heartbeat.leaving);
+                if !known && !beat.leaving {
+                    tracing::info!(node = %beat.node_id, mesh = %beat.mesh_addr, "node joined");
+                }
+                if beat.leaving {
+                    tracing::info!(node = %beat.node_id, "node left");
+                }
+                nodes.insert(beat.node_id.clone(), NodeEntry { heartbeat: beat, last_seen: Instant::now() });
             }
         }
         let now = Instant::now();
@@ -174,20 +403,29 @@ pub async fn run_membership(
             *id == self_id
                 || now.duration_since(n.last_seen) < options.node_timeout * FORGET_AFTER_TIMEOUTS
         });
+        if twin
+            .as_ref()
+            .is_some_and(|(_, seen)| now.duration_since(*seen) >= options.node_timeout)
+        {
+            twin = None;
+        }
         let next = build_view(&nodes, now, &options);
         metrics
             .live_nodes
             .set(i64::try_from(next.live).unwrap_or(i64::MAX));
-        // No alarm while a starting node may not have heard the others yet.
+        // No alarm for too few nodes while a starting node may not have
+        // heard the others yet; a twin is certain at once.
         let evaluate = now.duration_since(started) >= options.node_timeout;
-        let firing = evaluate && next.alarm;
+        let twin_instance = twin.as_ref().map(|(instance, _)| instance.clone());
+        let firing = (evaluate && next.alarm) || twin_instance.is_some();
         if firing != alarm {
             alarm = firing;
             metrics.alarm.set(i64::from(alarm));
-            report_alarm(&link, &options, &next, alarm).await;
+            report_alarm(&link, &options, &next, alarm, twin_instance.as_deref()).await;
         }
         let next = ClusterView {
             alarm: firing,
+            twin_instance,
             ..next
         };
         view.send_if_modified(|current| {
@@ -203,7 +441,7 @@ pub async fn run_membership(
         });
     }
     let beat = current_heartbeat(&options, &gateway, true);
-    publish_heartbeat(&link, &options.topic, &beat, &acks).await;
+    publish_heartbeat(&link, &options, &beat, &acks).await;
     acks.close();
     acks.wait().await;
 }
@@ -211,6 +449,7 @@ pub async fn run_membership(
 /// Whether liveness, membership or the alarm changed (what watchers act on).
 fn membership_changed(old: &ClusterView, new: &ClusterView) -> bool {
     old.alarm != new.alarm
+        || old.twin_instance != new.twin_instance
         || old.live != new.live
         || old.nodes.len() != new.nodes.len()
         || old
@@ -247,6 +486,7 @@ fn build_view(
         live,
         min_live_nodes: options.min_live_nodes,
         alarm: live < options.min_live_nodes,
+        twin_instance: None,
     }
 }
 
@@ -259,11 +499,22 @@ fn current_heartbeat(options: &MembershipOptions, gateway: &Gateway, leaving: bo
     }
 }
 
-async fn publish_heartbeat(link: &KafkaLink, topic: &str, beat: &Heartbeat, acks: &TaskTracker) {
+async fn publish_heartbeat(
+    link: &KafkaLink,
+    options: &MembershipOptions,
+    beat: &Heartbeat,
+    acks: &TaskTracker,
+) {
+    let topic = &options.topic;
+    let Ok(value) = serde_json::to_vec(beat) else {
+        return;
+    };
+    let key = beat.node_id.as_bytes().to_vec();
+    let mac = heartbeat_mac(&options.key, &key, &value);
     let record = OutputRecord {
-        key: Some(beat.node_id.as_bytes().to_vec()),
-        value: serde_json::to_vec(beat).ok(),
-        headers: Vec::new(),
+        key: Some(key),
+        value: Some(value),
+        headers: vec![(MAC_HEADER.to_string(), mac)],
     };
     // A lost heartbeat is replaced by the next one: do not wait for it.
     match link.producer().enqueue(topic, &record).await {
@@ -284,6 +535,7 @@ async fn report_alarm(
     options: &MembershipOptions,
     view: &ClusterView,
     firing: bool,
+    twin_instance: Option<&str>,
 ) {
     let live: Vec<&str> = view
         .nodes
@@ -291,7 +543,9 @@ async fn report_alarm(
         .filter(|n| n.live)
         .map(|n| n.heartbeat.node_id.as_str())
         .collect();
-    if firing {
+    if firing && let Some(other) = twin_instance {
+        tracing::error!(node = %options.identity.node_id, other_instance = %other, "ALARM: another instance is running with this node's id");
+    } else if firing {
         tracing::error!(live = view.live, min_live_nodes = options.min_live_nodes, nodes = ?live, "ALARM: fewer live relay nodes than the minimum");
     } else {
         tracing::info!(
@@ -303,8 +557,14 @@ async fn report_alarm(
     let Some(topic) = &options.alarm_topic else {
         return;
     };
+    let alarm = if twin_instance.is_some() {
+        "node_id_in_use_twice"
+    } else {
+        "live_nodes_below_minimum"
+    };
     let body = serde_json::json!({
-        "alarm": "live_nodes_below_minimum",
+        "alarm": alarm,
+        "twin_instance": twin_instance,
         "firing": firing,
         "live": view.live,
         "min_live_nodes": options.min_live_nodes,
@@ -313,7 +573,7 @@ async fn report_alarm(
         "time_ms": super::now_ms(),
     });
     let record = OutputRecord {
-        key: Some(b"live_nodes_below_minimum".to_vec()),
+        key: Some(alarm.as_bytes().to_vec()),
         value: Some(body.to_string().into_bytes()),
         headers: Vec::new(),
     };

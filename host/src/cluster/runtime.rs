@@ -12,7 +12,9 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use super::delivery::{ForwardError, Forwarder};
-use super::membership::{ClusterView, Heartbeat, MembershipOptions, run_membership};
+use super::membership::{
+    ClusterView, Heartbeat, MembershipOptions, check_no_live_twin, run_membership,
+};
 use super::mesh::{ForwardOutcome, Mesh, MeshOptions};
 use super::routes::{RouteTable, follow_routes, publish_routes};
 use crate::config::ClusterConfig;
@@ -21,6 +23,7 @@ use crate::kafka::admin::{TopicSpec, ensure_topics};
 use crate::kafka::tail::{TailEvent, TailStart, TopicTail};
 use crate::link::KafkaLink;
 use crate::telemetry::metrics::RelayMetrics;
+use wasmrelay_protocol::mesh_auth::{Purpose, purpose_key};
 
 /// Partitions of the routes topic when the relay creates it.
 const ROUTES_PARTITIONS: i32 = 6;
@@ -67,6 +70,8 @@ pub struct Advertised {
 #[derive(Debug)]
 pub struct ClusterRuntime {
     node_id: String,
+    /// This run of the node (in its heartbeats).
+    instance_id: String,
     advertised: Advertised,
     gateway: Arc<Gateway>,
     routes: Arc<RouteTable>,
@@ -142,10 +147,16 @@ impl ClusterRuntime {
         };
 
         let cluster_metrics = metrics.cluster();
-        let routes = RouteTable::new(node_id, gateway.clone(), cluster_metrics.clone());
+        let secret = config.secret.expose().as_bytes();
+        let routes = RouteTable::new(
+            node_id,
+            purpose_key(secret, Purpose::RouteRecord),
+            gateway.clone(),
+            cluster_metrics.clone(),
+        );
         let (view_tx, view) = watch::channel(ClusterView::default());
 
-        let (heartbeats_tx, heartbeats_rx) = mpsc::channel::<TailEvent>(TAIL_BUFFER);
+        let (heartbeats_tx, mut heartbeats_rx) = mpsc::channel::<TailEvent>(TAIL_BUFFER);
         let heartbeat_tail = TopicTail::start(
             &info,
             &config.heartbeat_topic,
@@ -171,29 +182,51 @@ impl ClusterRuntime {
             }
         };
 
+        let membership = MembershipOptions {
+            identity: Heartbeat {
+                node_id: node_id.to_string(),
+                instance_id: hex::encode(rand::random::<[u8; 8]>()),
+                client_addr: advertised.client_addr.clone(),
+                mesh_addr: advertised.mesh_addr.clone(),
+                admin_addr: advertised.admin_addr.clone(),
+                connections: 0,
+                quota: config.connection_quota,
+                started_at_ms: super::now_ms(),
+                sent_at_ms: 0,
+                leaving: false,
+            },
+            topic: config.heartbeat_topic.clone(),
+            alarm_topic: config.alarm_topic.clone(),
+            interval: config.heartbeat_interval,
+            node_timeout: config.node_timeout,
+            min_live_nodes: config.min_live_nodes,
+            key: purpose_key(secret, Purpose::HeartbeatRecord),
+        };
+        // One node id, one live instance: a twin would hide this node's
+        // routes and take its forwards. A live one beats within an interval.
+        let twin_check = check_no_live_twin(
+            &mut heartbeats_rx,
+            &membership,
+            config.heartbeat_interval * 2,
+            &cluster_metrics,
+        )
+        .await;
+        if let Err(refused) = twin_check {
+            tokio::task::spawn_blocking(move || {
+                heartbeat_tail.stop();
+                routes_tail.stop();
+            })
+            .await
+            .ok();
+            return Err(anyhow::Error::new(refused).context("checking that the node id is free"));
+        }
+        let instance_id = membership.identity.instance_id.clone();
+
         // Nothing below fails: the tasks start.
         tasks.spawn(gateway.clone().serve(client_listener, stop.clone()));
 
-        let identity = Heartbeat {
-            node_id: node_id.to_string(),
-            client_addr: advertised.client_addr.clone(),
-            mesh_addr: advertised.mesh_addr.clone(),
-            admin_addr: advertised.admin_addr.clone(),
-            connections: 0,
-            quota: config.connection_quota,
-            started_at_ms: super::now_ms(),
-            sent_at_ms: 0,
-            leaving: false,
-        };
         tasks.spawn(run_membership(
-            MembershipOptions {
-                identity,
-                topic: config.heartbeat_topic.clone(),
-                alarm_topic: config.alarm_topic.clone(),
-                interval: config.heartbeat_interval,
-                node_timeout: config.node_timeout,
-                min_live_nodes: config.min_live_nodes,
-            },
+            membership,
             link.clone(),
             gateway.clone(),
             heartbeats_rx,
@@ -238,6 +271,7 @@ impl ClusterRuntime {
         let heard_everyone_at = tokio::time::Instant::now() + config.heartbeat_interval * 3 / 2;
         Ok(ClusterRuntime {
             heard_everyone_at,
+            instance_id,
             node_id: node_id.to_string(),
             advertised,
             gateway,
@@ -321,6 +355,8 @@ impl ClusterRuntime {
             .collect();
         json!({
             "node": self.node_id,
+            "instance_id": self.instance_id,
+            "twin_instance": view.twin_instance,
             "client_addr": self.advertised.client_addr,
             "mesh_addr": self.advertised.mesh_addr,
             "admin_addr": self.advertised.admin_addr,

@@ -113,6 +113,33 @@ pub struct ClusterMetrics {
     pub connections: Gauge,
     /// Routes (process id → node) in this node's route table.
     pub routes: Gauge,
+    /// Heartbeat and route records ignored because they did not
+    /// authenticate or could not be read, by topic and reason.
+    pub records_rejected: Family<RecordRejectedLabels, Counter>,
+    /// Heartbeats with this node's id from another instance (a twin).
+    pub twin_heartbeats: Counter,
+}
+
+/// The labels of `wasmrelay_cluster_records_rejected_total`: bounded (the
+/// cluster's two topics, a fixed set of reasons).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RecordRejectedLabels {
+    /// The heartbeat or the routes topic.
+    pub topic: String,
+    /// `missing_mac`, `bad_mac`, `malformed`, `stale` or `replayed`.
+    pub reason: String,
+}
+
+impl ClusterMetrics {
+    /// Counts a rejected record of `topic`.
+    pub fn record_rejected(&self, topic: &str, reason: &str) {
+        self.records_rejected
+            .get_or_create(&RecordRejectedLabels {
+                topic: topic.to_string(),
+                reason: reason.to_string(),
+            })
+            .inc();
+    }
 }
 
 impl std::fmt::Debug for RelayMetrics {
@@ -223,6 +250,16 @@ impl RelayMetrics {
             "cluster_routes",
             "Process routes in this node's route table",
             cluster.routes.clone(),
+        );
+        registry.register(
+            "cluster_records_rejected",
+            "Heartbeat and route records ignored: no or a wrong MAC, unreadable, stale or replayed, per topic and reason",
+            cluster.records_rejected.clone(),
+        );
+        registry.register(
+            "cluster_twin_heartbeats",
+            "Heartbeats with this node's id from another instance of it",
+            cluster.twin_heartbeats.clone(),
         );
         let admin = AdminMetrics::default();
         registry.register(

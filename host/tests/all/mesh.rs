@@ -2,7 +2,9 @@
 //! each) in one test process, business processes as raw frame clients of
 //! the gateways, and raw mesh connections for what a misbehaving peer
 //! sends: forwarding and its outcomes, order, authentication, broken and
-//! silent peers, and bad input while the other links go on working.
+//! silent peers, bad input while the other links go on working, and a man
+//! in the middle (a TCP proxy between two nodes) that relays, alters or
+//! answers frames.
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -15,11 +17,13 @@ use futures::{FutureExt as _, SinkExt as _, StreamExt as _};
 use tokio::io::AsyncWriteExt as _;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::task::JoinHandle;
-use tokio_util::codec::Framed;
+use tokio_util::codec::{Decoder, Framed};
 use tokio_util::sync::CancellationToken;
 use wasmrelay::cluster::mesh::{ForwardOutcome, Mesh, MeshError, MeshOptions};
 use wasmrelay::gateway::{Gateway, GatewayOptions, Upstream, UpstreamError};
-use wasmrelay_protocol::mesh_auth::{hello_mac, verify_welcome, welcome_mac};
+use wasmrelay_protocol::mesh_auth::{
+    MeshCodec, SessionKeys, hello_mac, seal, verify_welcome, welcome_mac,
+};
 use wasmrelay_protocol::v1::{self, ErrorCode};
 use wasmrelay_protocol::{Frame, FrameCodec, Kind};
 
@@ -175,9 +179,16 @@ fn message(value: &str) -> v1::Message {
     }
 }
 
+/// A business process's connection.
 type Conn = Framed<TcpStream, FrameCodec>;
+/// A raw mesh connection: plain until sealed after the handshake.
+type MeshConn = Framed<TcpStream, MeshCodec>;
 
-async fn next(conn: &mut Conn) -> Option<Frame> {
+async fn next<C>(conn: &mut Framed<TcpStream, C>) -> Option<Frame>
+where
+    C: Decoder<Item = Frame>,
+    C::Error: std::fmt::Debug,
+{
     tokio::time::timeout(STEP, conn.next())
         .await
         .expect("no frame within 5 s")
@@ -218,7 +229,11 @@ async fn next_delivery(conn: &mut Conn) -> v1::Deliver {
 }
 
 /// The connection's next frame is an error with `code`, then it closes.
-async fn expect_error_and_close(conn: &mut Conn, code: ErrorCode) -> String {
+async fn expect_error_and_close<C>(conn: &mut Framed<TcpStream, C>, code: ErrorCode) -> String
+where
+    C: Decoder<Item = Frame>,
+    C::Error: std::fmt::Debug,
+{
     let frame = next(conn).await.expect("closed without an error frame");
     let Some(Kind::Error(error)) = frame.kind else {
         panic!("expected an error, got {frame:?}");
@@ -246,15 +261,16 @@ fn mesh_hello(from: &str, to: &str, secret: &[u8], nonce: [u8; 16], time_ms: i64
     }))
 }
 
-async fn raw_mesh(node: &Node) -> Conn {
+async fn raw_mesh(node: &Node) -> MeshConn {
     Framed::new(
         TcpStream::connect(node.mesh_addr).await.unwrap(),
-        FrameCodec::new(MAX_FRAME),
+        MeshCodec::new(MAX_FRAME),
     )
 }
 
-/// A raw connection to `node`'s mesh port, authenticated as node `x`.
-async fn raw_linked(node: &Node, nonce: [u8; 16]) -> Conn {
+/// A raw connection to `node`'s mesh port, authenticated as node `x`,
+/// sealing and opening frames from then on.
+async fn raw_linked(node: &Node, nonce: [u8; 16]) -> MeshConn {
     let mut conn = raw_mesh(node).await;
     conn.send(mesh_hello("x", &node.id, SECRET, nonce, now_ms()))
         .await
@@ -262,7 +278,9 @@ async fn raw_linked(node: &Node, nonce: [u8; 16]) -> Conn {
     match next(&mut conn).await.expect("closed").kind {
         Some(Kind::MeshWelcome(welcome)) => {
             assert_eq!(welcome.node_id, node.id);
-            verify_welcome(SECRET, &welcome, &nonce).unwrap();
+            verify_welcome(SECRET, &welcome, "x", &nonce).unwrap();
+            let keys = SessionKeys::derive(SECRET, "x", &node.id, &nonce, &welcome.nonce);
+            conn.codec_mut().seal_with(keys.for_dialer());
         }
         other => panic!("expected a MeshWelcome, got {other:?}"),
     }
@@ -455,7 +473,13 @@ async fn the_acceptor_checks_every_part_of_the_hello() {
         panic!("expected a MeshWelcome");
     };
     assert_eq!(welcome.node_id, "b");
-    assert_eq!(welcome.mac, welcome_mac(SECRET, "b", &nonce));
+    assert_eq!(welcome.nonce.len(), 16);
+    assert_eq!(
+        welcome.mac,
+        welcome_mac(SECRET, "b", "x", &nonce, &welcome.nonce)
+    );
+    let keys = SessionKeys::derive(SECRET, "x", "b", &nonce, &welcome.nonce);
+    conn.codec_mut().seal_with(keys.for_dialer());
     conn.send(Frame::of(Kind::Ping(v1::Ping { nonce: 9 })))
         .await
         .unwrap();
@@ -468,6 +492,15 @@ async fn the_acceptor_checks_every_part_of_the_hello() {
         .await
         .unwrap();
     expect_error_and_close(&mut conn, ErrorCode::ProtocolViolation).await;
+
+    // After the handshake, an unsealed frame is refused.
+    let mut conn = raw_linked(&b, [8; 16]).await;
+    let plain = FrameCodec::new(MAX_FRAME)
+        .encode_to_vec(&Frame::of(Kind::Ping(v1::Ping { nonce: 1 })))
+        .unwrap();
+    conn.get_mut().write_all(&plain).await.unwrap();
+    let why = expect_error_and_close(&mut conn, ErrorCode::Unauthorized).await;
+    assert!(why.contains("unsealed"), "{why}");
 
     // The same hello again is a replay.
     let mut conn = raw_mesh(&b).await;
@@ -516,8 +549,8 @@ async fn the_acceptor_checks_every_part_of_the_hello() {
         .unwrap();
     expect_error_and_close(&mut conn, ErrorCode::ProtocolViolation).await;
 
-    assert_eq!(b.mesh.stats().unauthorized(), 4);
-    assert_eq!(b.mesh.stats().links_accepted(), 1);
+    assert_eq!(b.mesh.stats().unauthorized(), 5);
+    assert_eq!(b.mesh.stats().links_accepted(), 2);
 }
 
 #[tokio::test]
@@ -644,10 +677,11 @@ async fn bad_input_on_the_mesh_port_gets_an_error_frame_while_links_keep_working
     expect_error_and_close(&mut conn, ErrorCode::FrameTooLarge).await;
 
     // Garbage after authenticating; a Forward without a message.
-    let conn = raw_linked(&b, [5; 16]).await;
-    let mut raw = conn.into_inner();
-    raw.write_all(&[0, 0, 0, 2, 0xff, 0xff]).await.unwrap();
-    let mut conn = Framed::new(raw, FrameCodec::new(MAX_FRAME));
+    let mut conn = raw_linked(&b, [5; 16]).await;
+    conn.get_mut()
+        .write_all(&[0, 0, 0, 2, 0xff, 0xff])
+        .await
+        .unwrap();
     expect_error_and_close(&mut conn, ErrorCode::BadFrame).await;
     let mut conn = raw_linked(&b, [6; 16]).await;
     conn.send(Frame::of(Kind::Forward(v1::Forward {
@@ -690,19 +724,23 @@ async fn a_peer_that_stops_answering_is_dropped_after_three_keepalives_and_diall
     tokio::spawn(async move {
         loop {
             let (stream, _) = listener.accept().await.unwrap();
-            let mut conn = Framed::new(stream, FrameCodec::new(MAX_FRAME));
+            let mut conn = Framed::new(stream, MeshCodec::new(MAX_FRAME));
             let Some(Ok(frame)) = conn.next().await else {
                 continue;
             };
             let Some(Kind::MeshHello(hello)) = frame.kind else {
                 panic!("expected a MeshHello, got {frame:?}");
             };
+            let nonce = [9u8; 16];
             conn.send(Frame::of(Kind::MeshWelcome(v1::MeshWelcome {
                 node_id: "mute".to_string(),
-                mac: welcome_mac(SECRET, "mute", &hello.nonce).into(),
+                mac: welcome_mac(SECRET, "mute", &hello.node_id, &hello.nonce, &nonce).into(),
+                nonce: Bytes::copy_from_slice(&nonce),
             })))
             .await
             .unwrap();
+            let keys = SessionKeys::derive(SECRET, &hello.node_id, "mute", &hello.nonce, &nonce);
+            conn.codec_mut().seal_with(keys.for_acceptor());
             let seen_tx = seen_tx.clone();
             tokio::spawn(async move {
                 while let Some(Ok(frame)) = conn.next().await {
@@ -750,4 +788,284 @@ async fn a_peer_that_stops_answering_is_dropped_after_three_keepalives_and_diall
         a.mesh.stats().links_established() >= 2
     })
     .await;
+}
+
+/// Which way a frame crosses the man in the middle.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Way {
+    /// From the dialing node to the accepting one.
+    ToAcceptor,
+    /// Back.
+    ToDialer,
+}
+
+/// What the man in the middle does with one frame (its body, without the
+/// length prefix).
+enum Act {
+    /// Passes these bytes on.
+    Pass(Vec<u8>),
+    /// Keeps the frame and sends these bytes back to where it came from.
+    Answer(Vec<u8>),
+}
+
+type Tamper = Arc<dyn Fn(Way, Frame, Vec<u8>) -> Act + Send + Sync>;
+
+/// A TCP proxy in front of `target` that relays every frame of every
+/// connection through `tamper`; returns its address.
+async fn man_in_the_middle(target: SocketAddr, tamper: Tamper) -> SocketAddr {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        loop {
+            let (client, _) = listener.accept().await.unwrap();
+            let Ok(server) = TcpStream::connect(target).await else {
+                continue;
+            };
+            let (client_read, client_write) = client.into_split();
+            let (server_read, server_write) = server.into_split();
+            let client_write = Arc::new(tokio::sync::Mutex::new(client_write));
+            let server_write = Arc::new(tokio::sync::Mutex::new(server_write));
+            tokio::spawn(relay(
+                client_read,
+                server_write.clone(),
+                client_write.clone(),
+                Way::ToAcceptor,
+                tamper.clone(),
+            ));
+            tokio::spawn(relay(
+                server_read,
+                client_write,
+                server_write,
+                Way::ToDialer,
+                tamper.clone(),
+            ));
+        }
+    });
+    addr
+}
+
+type Writer = Arc<tokio::sync::Mutex<tokio::net::tcp::OwnedWriteHalf>>;
+
+/// Reads length-prefixed frames from `from` and writes what `tamper` says
+/// to `to` (or back on `back`), until either side closes.
+async fn relay(
+    mut from: tokio::net::tcp::OwnedReadHalf,
+    to: Writer,
+    back: Writer,
+    way: Way,
+    tamper: Tamper,
+) {
+    use prost::Message as _;
+    use tokio::io::AsyncReadExt as _;
+    loop {
+        let mut prefix = [0u8; 4];
+        if from.read_exact(&mut prefix).await.is_err() {
+            break;
+        }
+        let mut body = vec![0u8; u32::from_be_bytes(prefix) as usize];
+        if from.read_exact(&mut body).await.is_err() {
+            break;
+        }
+        let frame = Frame::decode(body.as_slice()).unwrap_or_default();
+        let (bytes, writer) = match tamper(way, frame, body) {
+            Act::Pass(bytes) => (bytes, &to),
+            Act::Answer(bytes) => (bytes, &back),
+        };
+        let mut framed = (bytes.len() as u32).to_be_bytes().to_vec();
+        framed.extend(bytes);
+        if writer.lock().await.write_all(&framed).await.is_err() {
+            break;
+        }
+    }
+    let _ = to.lock().await.shutdown().await;
+}
+
+/// The frame a `MeshSealed` carries, if `frame` is one.
+fn opened(frame: &Frame) -> Option<Frame> {
+    use prost::Message as _;
+    match &frame.kind {
+        Some(Kind::MeshSealed(sealed)) => Frame::decode(sealed.frame.clone()).ok(),
+        _ => None,
+    }
+}
+
+/// `frame` (a `MeshSealed`) with one byte of the frame it carries changed.
+fn altered(frame: Frame) -> Vec<u8> {
+    use prost::Message as _;
+    let Some(Kind::MeshSealed(mut sealed)) = frame.kind else {
+        panic!("not a sealed frame");
+    };
+    let mut inner = sealed.frame.to_vec();
+    let last = inner.len() - 1;
+    inner[last] ^= 0x01;
+    sealed.frame = inner.into();
+    Frame::of(Kind::MeshSealed(sealed)).encode_to_vec()
+}
+
+/// A (whose link to B goes through `proxy`) and B, linked both ways, with
+/// process `p-1` registered on B.
+async fn nodes_behind(
+    proxy: impl FnOnce(SocketAddr) -> BoxFuture<'static, SocketAddr>,
+) -> (Node, Node, Conn) {
+    let a = start("a", SECRET).await;
+    let b = start("b", SECRET).await;
+    let via = proxy(b.mesh_addr).await;
+    a.mesh
+        .set_peers(BTreeMap::from([("b".to_string(), via.to_string())]));
+    b.mesh.set_peers(peers(&[&a]));
+    wait_linked(&a, &["b"]).await;
+    wait_linked(&b, &["a"]).await;
+    let process = register(&b, "p-1").await;
+    (a, b, process)
+}
+
+#[tokio::test]
+async fn a_proxy_that_relays_the_bytes_unchanged_is_only_a_transport() {
+    let (a, b, mut process) = nodes_behind(|target| {
+        man_in_the_middle(target, Arc::new(|_, _, bytes| Act::Pass(bytes))).boxed()
+    })
+    .await;
+    for n in 0..20 {
+        let answer = a
+            .mesh
+            .forward("b", "p-1", format!("t/0/{n}"), message("through"))
+            .unwrap();
+        let deliver = next_delivery(&mut process).await;
+        assert_eq!(deliver.delivery_id, format!("t/0/{n}"));
+        process
+            .send(Frame::of(Kind::Ack(v1::Ack { seq: deliver.seq })))
+            .await
+            .unwrap();
+        assert_eq!(outcome(answer).await, ForwardOutcome::Delivered);
+    }
+    assert_eq!(a.mesh.stats().unauthorized(), 0);
+    assert_eq!(b.mesh.stats().unauthorized(), 0);
+    assert_eq!(a.mesh.stats().links_established(), 1);
+}
+
+#[tokio::test]
+async fn a_proxy_that_alters_a_forward_breaks_the_link_and_nothing_is_delivered() {
+    let (a, b, mut process) = nodes_behind(|target| {
+        man_in_the_middle(
+            target,
+            Arc::new(|way, frame, bytes| {
+                let is_forward = opened(&frame)
+                    .is_some_and(|inner| matches!(inner.kind, Some(Kind::Forward(_))));
+                if way == Way::ToAcceptor && is_forward {
+                    Act::Pass(altered(frame))
+                } else {
+                    Act::Pass(bytes)
+                }
+            }),
+        )
+        .boxed()
+    })
+    .await;
+    let answer = a
+        .mesh
+        .forward("b", "p-1", "t/0/0".to_string(), message("original"))
+        .unwrap();
+    match outcome(answer).await {
+        ForwardOutcome::Lost(reason) => assert!(reason.contains("`b`"), "{reason}"),
+        other => panic!("an altered forward must not be answered, got {other:?}"),
+    }
+    wait_until("b refused the altered frame", || {
+        b.mesh.stats().unauthorized() >= 1
+    })
+    .await;
+    assert_eq!(b.mesh.stats().forwards_received(), 0);
+    assert_eq!(a.mesh.stats().forwards_delivered(), 0);
+    // The process never saw it.
+    assert!(
+        tokio::time::timeout(Duration::from_millis(300), process.next())
+            .await
+            .is_err(),
+        "the altered forward reached the process"
+    );
+}
+
+#[tokio::test]
+async fn a_proxy_that_alters_a_forward_ack_gets_nothing_acknowledged() {
+    let (a, _b, mut process) = nodes_behind(|target| {
+        man_in_the_middle(
+            target,
+            Arc::new(|way, frame, bytes| {
+                let is_ack = opened(&frame)
+                    .is_some_and(|inner| matches!(inner.kind, Some(Kind::ForwardAck(_))));
+                if way == Way::ToDialer && is_ack {
+                    Act::Pass(altered(frame))
+                } else {
+                    Act::Pass(bytes)
+                }
+            }),
+        )
+        .boxed()
+    })
+    .await;
+    let answer = a
+        .mesh
+        .forward("b", "p-1", "t/0/0".to_string(), message("x"))
+        .unwrap();
+    let deliver = next_delivery(&mut process).await;
+    process
+        .send(Frame::of(Kind::Ack(v1::Ack { seq: deliver.seq })))
+        .await
+        .unwrap();
+    assert!(
+        matches!(outcome(answer).await, ForwardOutcome::Lost(_)),
+        "an altered ForwardAck must not count"
+    );
+    assert_eq!(a.mesh.stats().forwards_delivered(), 0);
+    assert!(a.mesh.stats().unauthorized() >= 1);
+}
+
+#[tokio::test]
+async fn a_proxy_that_answers_a_forward_itself_gets_nothing_acknowledged() {
+    // Two forgeries of ForwardAck{DELIVERED} for the proxy's own answer: in
+    // the clear, and sealed with a key made without the cluster secret.
+    for sealed in [false, true] {
+        let (a, b, mut process) = nodes_behind(move |target| {
+            man_in_the_middle(
+                target,
+                Arc::new(move |way, frame, bytes| {
+                    let Some(Kind::Forward(forward)) = opened(&frame).and_then(|f| f.kind) else {
+                        return Act::Pass(bytes);
+                    };
+                    assert_eq!(way, Way::ToAcceptor);
+                    let ack = Frame::of(Kind::ForwardAck(v1::ForwardAck {
+                        seq: forward.seq,
+                        result: v1::ForwardResult::Delivered as i32,
+                        reason: String::new(),
+                    }));
+                    let answer = if sealed {
+                        let guess = SessionKeys::derive(b"a guess", "a", "b", &[0; 16], &[0; 16]);
+                        seal(&guess.acceptor_to_dialer, 1, &ack)
+                    } else {
+                        ack
+                    };
+                    use prost::Message as _;
+                    Act::Answer(answer.encode_to_vec())
+                }),
+            )
+            .boxed()
+        })
+        .await;
+        let answer = a
+            .mesh
+            .forward("b", "p-1", "t/0/0".to_string(), message("x"))
+            .unwrap();
+        assert!(
+            matches!(outcome(answer).await, ForwardOutcome::Lost(_)),
+            "a forged ForwardAck (sealed: {sealed}) must not count"
+        );
+        assert_eq!(a.mesh.stats().forwards_delivered(), 0);
+        assert!(a.mesh.stats().unauthorized() >= 1);
+        assert_eq!(b.mesh.stats().forwards_received(), 0);
+        assert!(
+            tokio::time::timeout(Duration::from_millis(200), process.next())
+                .await
+                .is_err(),
+            "the intercepted forward reached the process"
+        );
+    }
 }

@@ -1,7 +1,8 @@
 //! Outgoing links: for each peer, a task that dials it, authenticates with
-//! `MeshHello` / `MeshWelcome`, then sends the forwards queued on the link
-//! and resolves each when its `ForwardAck` comes back; and dials again, with
-//! backoff, when the link breaks, until the peer is dropped.
+//! `MeshHello` / `MeshWelcome` (after which every frame is sealed), then
+//! sends the forwards queued on the link and resolves each when its
+//! `ForwardAck` comes back; and dials again, with backoff, when the link
+//! breaks, until the peer is dropped.
 //!
 //! A link is broken when the socket fails, the peer sends something that is
 //! not allowed, or nothing arrives for three keepalive intervals (the link
@@ -20,9 +21,11 @@ use tokio::sync::{mpsc, oneshot};
 use tokio::time::{Instant, MissedTickBehavior};
 use tokio_util::codec::Framed;
 use tokio_util::sync::CancellationToken;
-use wasmrelay_protocol::mesh_auth::{hello_mac, verify_welcome};
+use wasmrelay_protocol::mesh_auth::{
+    MeshCodec, MeshWireError, SessionKeys, hello_mac, sealed_len, verify_welcome,
+};
 use wasmrelay_protocol::v1::{self, ErrorCode, ForwardResult};
-use wasmrelay_protocol::{Backoff, CodecError, Frame, FrameCodec, Kind, PROTOCOL_VERSION};
+use wasmrelay_protocol::{Backoff, Frame, Kind, PROTOCOL_VERSION};
 
 use super::wire::{self, Conn};
 use super::{ForwardOutcome, MeshError, MeshOptions, MeshStats, Shared, bump, keepalive, now_ms};
@@ -143,7 +146,8 @@ impl Link {
                 delivery_id,
                 message: Some(message),
             }));
-            let bytes = frame.encoded_len();
+            // The frame goes out sealed: the sealed size is what is limited.
+            let bytes = sealed_len(frame.encoded_len());
             if bytes > self.max_frame_bytes {
                 return Err(MeshError::TooLarge {
                     bytes,
@@ -201,7 +205,7 @@ enum DialError {
     #[error("connecting failed: {0}")]
     Connect(std::io::Error),
     #[error(transparent)]
-    Codec(#[from] CodecError),
+    Codec(#[from] MeshWireError),
     #[error("the peer closed the connection before its MeshWelcome")]
     Closed,
     #[error("the peer refused the link: {code}: {message}")]
@@ -300,7 +304,7 @@ async fn handshake(options: &MeshOptions, slot: &PeerSlot) -> Result<Conn, DialE
         .await
         .map_err(DialError::Connect)?;
     let _ = stream.set_nodelay(true);
-    let mut conn = Framed::new(stream, FrameCodec::new(options.max_frame_bytes));
+    let mut conn = Framed::new(stream, MeshCodec::new(options.max_frame_bytes));
     let nonce: [u8; NONCE_BYTES] = rand::random();
     let time_ms = now_ms();
     let hello = v1::MeshHello {
@@ -322,16 +326,33 @@ async fn handshake(options: &MeshOptions, slot: &PeerSlot) -> Result<Conn, DialE
     let frame = conn.next().await.ok_or(DialError::Closed)??;
     match frame.kind {
         Some(Kind::MeshWelcome(welcome)) => {
-            let checked = if welcome.node_id == slot.node_id {
-                verify_welcome(&options.secret, &welcome, &nonce)
-            } else {
+            let checked = if welcome.node_id != slot.node_id {
                 Err(format!(
                     "node `{}` answered at {}, where node `{}` was expected",
                     welcome.node_id, slot.addr, slot.node_id
                 ))
+            } else if welcome.nonce.len() != NONCE_BYTES {
+                Err(format!(
+                    "the nonce of node `{}` is {} bytes long, not {NONCE_BYTES}",
+                    welcome.node_id,
+                    welcome.nonce.len()
+                ))
+            } else {
+                verify_welcome(&options.secret, &welcome, &options.node_id, &nonce)
             };
             match checked {
-                Ok(()) => Ok(conn),
+                Ok(()) => {
+                    // Every frame from now on is sealed, both ways.
+                    let keys = SessionKeys::derive(
+                        &options.secret,
+                        &options.node_id,
+                        &slot.node_id,
+                        &nonce,
+                        &welcome.nonce,
+                    );
+                    conn.codec_mut().seal_with(keys.for_dialer());
+                    Ok(conn)
+                }
                 Err(reason) => {
                     let last_word = Frame::error(ErrorCode::Unauthorized, reason.clone());
                     wire::refuse(&mut conn, Some(last_word)).await;
@@ -395,7 +416,12 @@ async fn run(shared: &Shared, slot: &PeerSlot, conn: Conn) -> String {
                 None => break Closing::quietly("the peer closed the link"),
                 Some(Err(error)) => {
                     if let Some(code) = error.code() {
-                        bump(&shared.stats.protocol_errors);
+                        if error.is_unauthorized() {
+                            bump(&shared.stats.unauthorized);
+                            tracing::warn!(peer = %slot.node_id, addr = %slot.addr, %error, "a mesh peer's frame did not authenticate; closing the link");
+                        } else {
+                            bump(&shared.stats.protocol_errors);
+                        }
                         break Closing::telling(code, error.to_string());
                     }
                     break Closing::quietly(error.to_string());

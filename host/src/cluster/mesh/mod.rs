@@ -10,7 +10,10 @@
 //! does.
 //!
 //! A link starts with `MeshHello` / `MeshWelcome`, in which both sides prove
-//! they know the cluster secret ([`wasmrelay_protocol::mesh_auth`]). Idle
+//! they know the cluster secret and each adds a nonce; every frame after it,
+//! both ways, is sealed with a key of that link and direction and numbered,
+//! so a man in the middle that relays the handshake can neither alter nor
+//! answer a forward ([`wasmrelay_protocol::mesh_auth`]). Idle
 //! links are pinged; a link silent for three keepalive intervals is broken.
 //! A broken link resolves its forwards still waiting for an answer as
 //! [`ForwardOutcome::Lost`] and is dialled again, with backoff, for as long
@@ -213,8 +216,10 @@ impl MeshStats {
     }
 
     /// Incoming links refused because their `MeshHello` did not
-    /// authenticate (wrong secret, wrong node, clock skew, replay), and
-    /// outgoing ones whose `MeshWelcome` did not.
+    /// authenticate (wrong secret, wrong node, clock skew, replay), outgoing
+    /// ones whose `MeshWelcome` did not, and links (either way) closed for a
+    /// frame after the handshake that did not authenticate (unsealed, a bad
+    /// MAC, out of sequence).
     pub fn unauthorized(&self) -> u64 {
         self.unauthorized.load(Ordering::Relaxed)
     }
@@ -304,7 +309,8 @@ impl Mesh {
     /// A dialer must authenticate first: its `MeshHello` must carry a valid
     /// MAC of the cluster secret, name this node as `to_node_id`, have a
     /// clock within a minute of ours and a nonce not seen before; it is
-    /// answered with `MeshWelcome`. Then each `Forward` is handed to the
+    /// answered with `MeshWelcome`, after which every frame either way is
+    /// sealed with the link's session keys. Then each `Forward` is handed to the
     /// gateway in the order it arrived, and answered with a `ForwardAck`
     /// when the process answers (in any order): `DELIVERED` when it acked,
     /// `FAILED` when it nacked or its connection ended, `NOT_HERE` at once

@@ -1,5 +1,6 @@
 //! Incoming links: accepting the peers' connections, authenticating each
-//! dialer's `MeshHello`, then handing its `Forward`s to the gateway in the
+//! dialer's `MeshHello` and answering with a `MeshWelcome` (from then on
+//! every frame is sealed), then handing its `Forward`s to the gateway in the
 //! order they arrive and answering each with a `ForwardAck` when the
 //! process answers (in whatever order that happens).
 //!
@@ -20,9 +21,11 @@ use tokio::sync::{mpsc, oneshot};
 use tokio::time::Instant;
 use tokio_util::codec::Framed;
 use tokio_util::sync::CancellationToken;
-use wasmrelay_protocol::mesh_auth::{MAX_CLOCK_SKEW_MS, verify_hello, welcome_mac};
+use wasmrelay_protocol::mesh_auth::{
+    MAX_CLOCK_SKEW_MS, MeshCodec, SessionKeys, verify_hello, welcome_mac,
+};
 use wasmrelay_protocol::v1::{self, ErrorCode, ForwardResult};
-use wasmrelay_protocol::{Frame, FrameCodec, Kind, PROTOCOL_VERSION};
+use wasmrelay_protocol::{Frame, Kind, PROTOCOL_VERSION};
 
 use super::link::{NONCE_BYTES, code_name};
 use super::wire::{self, Conn};
@@ -90,7 +93,7 @@ async fn serve_link(
     let _ = stream.set_nodelay(true);
     let options = mesh.options().clone();
     let stats = mesh.stats();
-    let mut conn = Framed::new(stream, FrameCodec::new(options.max_frame_bytes));
+    let mut conn = Framed::new(stream, MeshCodec::new(options.max_frame_bytes));
     let hello = tokio::select! {
         _ = shutdown.cancelled() => Err(Refusal::new(ErrorCode::ShuttingDown, "the node is shutting down")),
         hello = handshake(&mesh, &mut conn) => hello,
@@ -113,9 +116,18 @@ async fn serve_link(
             return;
         }
     };
+    let nonce: [u8; NONCE_BYTES] = rand::random();
     let welcome = v1::MeshWelcome {
         node_id: options.node_id.clone(),
-        mac: welcome_mac(&options.secret, &options.node_id, &hello.nonce).into(),
+        mac: welcome_mac(
+            &options.secret,
+            &options.node_id,
+            &hello.node_id,
+            &hello.nonce,
+            &nonce,
+        )
+        .into(),
+        nonce: Bytes::copy_from_slice(&nonce),
     };
     if conn
         .send(Frame::of(Kind::MeshWelcome(welcome)))
@@ -124,6 +136,15 @@ async fn serve_link(
     {
         return;
     }
+    // Every frame from now on is sealed, both ways.
+    let keys = SessionKeys::derive(
+        &options.secret,
+        &hello.node_id,
+        &options.node_id,
+        &hello.nonce,
+        &nonce,
+    );
+    conn.codec_mut().seal_with(keys.for_acceptor());
     bump(&stats.links_accepted);
     let from = hello.node_id;
     tracing::info!(peer = %from, %peer, "mesh link accepted");
@@ -174,10 +195,13 @@ async fn serve_link(
             None => break ("the peer closed the link".to_string(), None),
             Some(Err(error)) => {
                 let reason = error.to_string();
-                let last_word = error.code().map(|code| {
+                if error.is_unauthorized() {
+                    bump(&stats.unauthorized);
+                    tracing::warn!(peer = %from, %peer, %error, "a mesh peer's frame did not authenticate; closing the link");
+                } else if error.code().is_some() {
                     bump(&stats.protocol_errors);
-                    Frame::error(code, reason.clone())
-                });
+                }
+                let last_word = error.code().map(|code| Frame::error(code, reason.clone()));
                 break (reason, last_word);
             }
             Some(Ok(frame)) => frame,

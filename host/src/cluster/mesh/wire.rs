@@ -1,6 +1,7 @@
 //! What both ends of a mesh link do with the socket: a writer task that
-//! drains the link's bounded queue of frames, and the last word (an `Error`
-//! frame) before closing.
+//! drains the link's bounded queue of frames (sealed by the connection's
+//! codec once the handshake is done), and the last word (an `Error` frame)
+//! before closing.
 
 use std::time::Duration;
 
@@ -10,15 +11,17 @@ use tokio::net::TcpStream;
 use tokio::sync::mpsc;
 use tokio_util::codec::Framed;
 use tokio_util::sync::CancellationToken;
-use wasmrelay_protocol::{CodecError, Frame, FrameCodec};
+use wasmrelay_protocol::Frame;
+use wasmrelay_protocol::mesh_auth::{MeshCodec, MeshWireError};
 
 /// How long the last frame to a closing peer may take to go out.
 const FAREWELL_TIMEOUT: Duration = Duration::from_secs(1);
 /// Frames written before the socket is flushed, when more are queued.
 const WRITE_BATCH: usize = 64;
 
-/// A mesh connection.
-pub(super) type Conn = Framed<TcpStream, FrameCodec>;
+/// A mesh connection: plain frames during the handshake, sealed ones after
+/// it (see [`MeshCodec`]).
+pub(super) type Conn = Framed<TcpStream, MeshCodec>;
 /// The writing half of a mesh connection.
 pub(super) type Sink = SplitSink<Conn, Frame>;
 
@@ -29,7 +32,7 @@ pub(super) async fn write_frames(
     mut sink: Sink,
     mut queue: mpsc::Receiver<Frame>,
     closed: CancellationToken,
-) -> (Sink, Option<CodecError>) {
+) -> (Sink, Option<MeshWireError>) {
     let error = 'outer: loop {
         let frame = tokio::select! {
             biased;
