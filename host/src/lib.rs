@@ -18,3 +18,4 @@ pub mod node;
 pub mod pending;
 pub mod plugin;
 pub mod telemetry;
+pub mod tls;

@@ -1,0 +1,362 @@
+//! TLS for the relay's own listeners (rustls with the ring provider): a
+//! certificate chain and private key from PEM files, reloaded when the files
+//! change without dropping a connection (handshakes after the reload present
+//! the new certificate, connections made before keep their session), and
+//! optionally client certificates verified against a CA file (mutual TLS).
+//!
+//! A reload that fails (a half-written file, a key that does not match the
+//! certificate) keeps the certificate in use and is reported; the next
+//! change of the files is tried again.
+
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime};
+
+use anyhow::{Context as _, bail};
+use arc_swap::ArcSwap;
+use rustls::pki_types::pem::PemObject as _;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+use rustls::server::{ClientHello, ResolvesServerCert, WebPkiClientVerifier};
+use rustls::sign::CertifiedKey;
+use tokio_rustls::TlsAcceptor;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+/// The files of a TLS listener.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TlsFiles {
+    /// The certificate chain (PEM), the listener's own certificate first.
+    pub cert: PathBuf,
+    /// Its private key (PEM: PKCS#8, PKCS#1 or SEC1).
+    pub key: PathBuf,
+    /// When set, clients must present a certificate signed by this CA (PEM).
+    pub client_ca: Option<PathBuf>,
+}
+
+/// When a file was last changed, and its size: a change of either is a
+/// change of the file.
+type Stamp = Option<(SystemTime, u64)>;
+
+fn stamp(path: &Path) -> Stamp {
+    let metadata = std::fs::metadata(path).ok()?;
+    Some((metadata.modified().ok()?, metadata.len()))
+}
+
+/// Presents whatever certificate was loaded last.
+#[derive(Debug)]
+struct ReloadableCert {
+    current: ArcSwap<CertifiedKey>,
+}
+
+impl ResolvesServerCert for ReloadableCert {
+    fn resolve(&self, _: ClientHello<'_>) -> Option<Arc<CertifiedKey>> {
+        Some(self.current.load_full())
+    }
+}
+
+/// A TLS listener's server side: the acceptor to wrap accepted connections
+/// with, and the certificate it presents, reloadable.
+pub struct ServerTls {
+    files: TlsFiles,
+    acceptor: TlsAcceptor,
+    cert: Arc<ReloadableCert>,
+    stamps: Mutex<(Stamp, Stamp)>,
+}
+
+impl std::fmt::Debug for ServerTls {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ServerTls")
+            .field("files", &self.files)
+            .finish_non_exhaustive()
+    }
+}
+
+fn provider() -> Arc<rustls::crypto::CryptoProvider> {
+    Arc::new(rustls::crypto::ring::default_provider())
+}
+
+/// Reads a certificate chain and its key and checks that they belong
+/// together. The error names the file.
+fn load_certified_key(files: &TlsFiles) -> anyhow::Result<CertifiedKey> {
+    let chain: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(&files.cert)
+        .with_context(|| format!("reading the certificate {}", files.cert.display()))?
+        .collect::<Result<_, _>>()
+        .with_context(|| format!("parsing the certificate {}", files.cert.display()))?;
+    if chain.is_empty() {
+        bail!("{} holds no PEM certificate", files.cert.display());
+    }
+    let key = PrivateKeyDer::from_pem_file(&files.key)
+        .with_context(|| format!("reading the private key {}", files.key.display()))?;
+    let certified = CertifiedKey::from_der(chain, key, &provider()).with_context(|| {
+        format!(
+            "the private key {} does not belong to the certificate {}",
+            files.key.display(),
+            files.cert.display()
+        )
+    })?;
+    Ok(certified)
+}
+
+impl ServerTls {
+    /// Loads the files; fails with a message naming the file at fault.
+    pub fn load(files: &TlsFiles) -> anyhow::Result<ServerTls> {
+        let cert = Arc::new(ReloadableCert {
+            current: ArcSwap::from_pointee(load_certified_key(files)?),
+        });
+        let builder = rustls::ServerConfig::builder_with_provider(provider())
+            .with_safe_default_protocol_versions()
+            .context("TLS protocol versions")?;
+        let builder =
+            match &files.client_ca {
+                None => builder.with_no_client_auth(),
+                Some(ca) => {
+                    let mut roots = rustls::RootCertStore::empty();
+                    for cert in CertificateDer::pem_file_iter(ca)
+                        .with_context(|| format!("reading the client CA {}", ca.display()))?
+                    {
+                        roots
+                            .add(cert.with_context(|| {
+                                format!("parsing the client CA {}", ca.display())
+                            })?)
+                            .with_context(|| format!("the client CA {}", ca.display()))?;
+                    }
+                    let verifier =
+                        WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider())
+                            .build()
+                            .with_context(|| format!("the client CA {}", ca.display()))?;
+                    builder.with_client_cert_verifier(verifier)
+                }
+            };
+        let config = builder.with_cert_resolver(cert.clone());
+        Ok(ServerTls {
+            stamps: Mutex::new((stamp(&files.cert), stamp(&files.key))),
+            files: files.clone(),
+            acceptor: TlsAcceptor::from(Arc::new(config)),
+            cert,
+        })
+    }
+
+    /// Wraps accepted connections.
+    pub fn acceptor(&self) -> TlsAcceptor {
+        self.acceptor.clone()
+    }
+
+    /// Loads the certificate again if its files changed since the last
+    /// (attempted) load. `Ok(true)` when a new certificate is in use; an
+    /// error keeps the old one.
+    pub fn reload_if_changed(&self) -> anyhow::Result<bool> {
+        let now = (stamp(&self.files.cert), stamp(&self.files.key));
+        {
+            let mut stamps = self.stamps.lock().unwrap_or_else(|e| e.into_inner());
+            if *stamps == now {
+                return Ok(false);
+            }
+            *stamps = now;
+        }
+        let certified = load_certified_key(&self.files)?;
+        self.cert.current.store(Arc::new(certified));
+        Ok(true)
+    }
+
+    /// Checks the files every `every` until `stop`, logging reloads and
+    /// failed reloads (`what` names the listener).
+    pub fn watch(
+        self: &Arc<Self>,
+        what: &'static str,
+        every: Duration,
+        tasks: &TaskTracker,
+        stop: CancellationToken,
+    ) {
+        let tls = self.clone();
+        tasks.spawn(async move {
+            loop {
+                tokio::select! {
+                    _ = stop.cancelled() => return,
+                    _ = tokio::time::sleep(every) => {}
+                }
+                match tls.reload_if_changed() {
+                    Ok(true) => tracing::info!(
+                        listener = what,
+                        cert = %tls.files.cert.display(),
+                        "TLS certificate reloaded"
+                    ),
+                    Ok(false) => {}
+                    Err(error) => tracing::error!(
+                        listener = what,
+                        error = %format!("{error:#}"),
+                        "TLS certificate not reloaded; keeping the one in use"
+                    ),
+                }
+            }
+        });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    use tokio::net::{TcpListener, TcpStream};
+    use tokio_rustls::TlsConnector;
+    use wasmrelay_test_support::pki::TestPki;
+
+    fn client(
+        pki: &TestPki,
+        identity: Option<&wasmrelay_test_support::pki::IssuedCert>,
+    ) -> TlsConnector {
+        let builder = rustls::ClientConfig::builder_with_provider(provider())
+            .with_safe_default_protocol_versions()
+            .unwrap()
+            .with_root_certificates(pki.root_store());
+        let config = match identity {
+            None => builder.with_no_client_auth(),
+            Some(cert) => builder
+                .with_client_auth_cert(cert.chain(), cert.key())
+                .unwrap(),
+        };
+        TlsConnector::from(Arc::new(config))
+    }
+
+    /// An echo server behind `tls`; returns its address.
+    #[allow(clippy::disallowed_methods)] // test server: ends with the test's runtime
+    async fn echo_server(tls: Arc<ServerTls>) -> std::net::SocketAddr {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(async move {
+            loop {
+                let (tcp, _) = listener.accept().await.unwrap();
+                let acceptor = tls.acceptor();
+                tokio::spawn(async move {
+                    let Ok(mut stream) = acceptor.accept(tcp).await else {
+                        return;
+                    };
+                    let mut buf = [0u8; 64];
+                    while let Ok(n) = stream.read(&mut buf).await {
+                        if n == 0 || stream.write_all(&buf[..n]).await.is_err() {
+                            return;
+                        }
+                    }
+                });
+            }
+        });
+        addr
+    }
+
+    /// The serial-free fingerprint of the certificate the server presented.
+    fn presented(stream: &tokio_rustls::client::TlsStream<TcpStream>) -> Vec<u8> {
+        stream.get_ref().1.peer_certificates().unwrap()[0].to_vec()
+    }
+
+    async fn echo(stream: &mut tokio_rustls::client::TlsStream<TcpStream>, text: &[u8]) {
+        stream.write_all(text).await.unwrap();
+        let mut back = vec![0u8; text.len()];
+        stream.read_exact(&mut back).await.unwrap();
+        assert_eq!(back, text);
+    }
+
+    #[tokio::test]
+    async fn a_changed_certificate_is_used_by_new_handshakes_and_old_connections_live_on() {
+        let pki = TestPki::new("reload");
+        let first = pki.server_cert("server");
+        let files = TlsFiles {
+            cert: first.cert_path.clone(),
+            key: first.key_path.clone(),
+            client_ca: None,
+        };
+        let tls = Arc::new(ServerTls::load(&files).unwrap());
+        let addr = echo_server(tls.clone()).await;
+        let name = rustls::pki_types::ServerName::try_from("localhost").unwrap();
+        // A fresh client per handshake: a resumed session would show the
+        // certificate of the session it resumes.
+        let mut old = client(&pki, None)
+            .connect(name.clone(), TcpStream::connect(addr).await.unwrap())
+            .await
+            .unwrap();
+        echo(&mut old, b"before").await;
+        assert_eq!(presented(&old), first.chain()[0].to_vec());
+        assert!(!tls.reload_if_changed().unwrap(), "nothing changed yet");
+
+        // A bad key: the reload fails, the old certificate stays.
+        std::fs::write(&files.key, "not a key").unwrap();
+        let error = tls.reload_if_changed().unwrap_err();
+        assert!(format!("{error:#}").contains("private key"), "{error:#}");
+        let mut during = client(&pki, None)
+            .connect(name.clone(), TcpStream::connect(addr).await.unwrap())
+            .await
+            .unwrap();
+        assert_eq!(presented(&during), first.chain()[0].to_vec());
+        echo(&mut during, b"during").await;
+
+        // A new certificate in the same files: new handshakes present it.
+        let second = pki.server_cert("server");
+        assert_eq!(second.cert_path, files.cert);
+        assert!(tls.reload_if_changed().unwrap());
+        let mut new = client(&pki, None)
+            .connect(name, TcpStream::connect(addr).await.unwrap())
+            .await
+            .unwrap();
+        assert_eq!(presented(&new), second.chain()[0].to_vec());
+        echo(&mut new, b"after").await;
+        echo(&mut old, b"still here").await;
+    }
+
+    #[tokio::test]
+    async fn with_a_client_ca_only_clients_with_its_certificates_get_in() {
+        let pki = TestPki::new("mtls");
+        let server = pki.server_cert("server");
+        let tls = Arc::new(
+            ServerTls::load(&TlsFiles {
+                cert: server.cert_path.clone(),
+                key: server.key_path.clone(),
+                client_ca: Some(pki.ca_path()),
+            })
+            .unwrap(),
+        );
+        let addr = echo_server(tls).await;
+        let name = rustls::pki_types::ServerName::try_from("localhost").unwrap();
+
+        let good = pki.client_cert("p-1", "client");
+        let mut stream = client(&pki, Some(&good))
+            .connect(name.clone(), TcpStream::connect(addr).await.unwrap())
+            .await
+            .unwrap();
+        echo(&mut stream, b"hello").await;
+
+        // No certificate, or one of another CA: the server ends the
+        // handshake (TLS 1.3 reports it at the first read).
+        let other = TestPki::new("other").client_cert("p-1", "client");
+        for identity in [None, Some(&other)] {
+            let refused = async {
+                let mut stream = client(&pki, identity)
+                    .connect(name.clone(), TcpStream::connect(addr).await?)
+                    .await?;
+                stream.write_all(b"x").await?;
+                let mut buf = [0u8; 1];
+                stream.read_exact(&mut buf).await?;
+                Ok::<_, std::io::Error>(())
+            };
+            assert!(
+                refused.await.is_err(),
+                "a client without a good certificate got in"
+            );
+        }
+    }
+
+    #[test]
+    fn a_key_of_another_certificate_is_named() {
+        let pki = TestPki::new("mismatch");
+        let a = pki.server_cert("a");
+        let b = pki.server_cert("b");
+        let error = ServerTls::load(&TlsFiles {
+            cert: a.cert_path.clone(),
+            key: b.key_path.clone(),
+            client_ca: None,
+        })
+        .unwrap_err();
+        let text = format!("{error:#}");
+        assert!(
+            text.contains("does not belong") && text.contains("b.key"),
+            "{text}"
+        );
+    }
+}
