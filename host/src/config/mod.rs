@@ -405,7 +405,7 @@ dead_letter_topic = "dlq"
     fn secrets_in_the_config_never_print() {
         let dir = plugins_dir(&["json-enrich"]);
         let text = format!(
-            "[admin]\ntoken = \"admin-Sup3r-secret\"\n{}\n[center]\nkind = \"etcd\"\nendpoints = [\"http://e:2379\"]\nauth = {{ user = \"relay\", password = \"etcd-Sup3r-secret\" }}\n",
+            "[admin]\ntoken = \"admin-Sup3r-secret\"\n{}\n[center]\nkind = \"etcd\"\nendpoints = [\"http://e:2379\"]\nallow_plaintext_password = true\nauth = {{ user = \"relay\", password = \"etcd-Sup3r-secret\" }}\n",
             config_text(dir.path(), "")
         )
         .replace(
