@@ -302,7 +302,16 @@ impl ClientAuth {
                 _ = shutdown.cancelled() => return,
                 _ = poll.tick() => {}
             }
-            verifier.reload();
+            // File reads block: off the async workers, awaited at once.
+            let auth = self.clone();
+            let reload = tokio::task::spawn_blocking(move || {
+                if let Mode::Token(verifier) = &*auth.mode {
+                    verifier.reload();
+                }
+            });
+            if let Err(error) = reload.await {
+                tracing::error!(%error, "reloading the client token keys failed");
+            }
         }
     }
 }
