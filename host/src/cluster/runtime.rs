@@ -182,7 +182,7 @@ impl ClusterRuntime {
             }
         };
 
-        let membership = MembershipOptions {
+        let mut membership = MembershipOptions {
             identity: Heartbeat {
                 node_id: node_id.to_string(),
                 instance_id: hex::encode(rand::random::<[u8; 8]>()),
@@ -221,6 +221,8 @@ impl ClusterRuntime {
             return Err(anyhow::Error::new(refused).context("checking that the node id is free"));
         }
         let instance_id = membership.identity.instance_id.clone();
+        // Its first heartbeat goes out now, not when the check began.
+        membership.identity.started_at_ms = super::now_ms();
 
         // Nothing below fails: the tasks start.
         tasks.spawn(gateway.clone().serve(client_listener, stop.clone()));
