@@ -581,3 +581,135 @@ async fn report_alarm(
         tracing::error!(%topic, %error, "writing the alarm to the alarm topic failed");
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use wasmrelay_protocol::mesh_auth::{Purpose, purpose_key};
+
+    fn key() -> Key {
+        purpose_key(b"secret", Purpose::HeartbeatRecord)
+    }
+
+    fn beat(node_id: &str, instance_id: &str, leaving: bool) -> Heartbeat {
+        Heartbeat {
+            node_id: node_id.to_string(),
+            instance_id: instance_id.to_string(),
+            client_addr: "127.0.0.1:1".to_string(),
+            mesh_addr: "127.0.0.1:2".to_string(),
+            admin_addr: "127.0.0.1:3".to_string(),
+            connections: 0,
+            quota: 10,
+            started_at_ms: super::super::now_ms(),
+            sent_at_ms: super::super::now_ms(),
+            leaving,
+        }
+    }
+
+    fn record(beat: &Heartbeat, key: &Key) -> InputRecord {
+        let value = serde_json::to_vec(beat).unwrap();
+        let mac = heartbeat_mac(key, beat.node_id.as_bytes(), &value);
+        InputRecord {
+            topic: "heartbeats".to_string(),
+            partition: 0,
+            offset: 0,
+            key: Some(beat.node_id.as_bytes().to_vec()),
+            value: Some(value),
+            headers: vec![(MAC_HEADER.to_string(), mac)],
+            timestamp_ms: None,
+        }
+    }
+
+    fn reason(record: &InputRecord) -> &'static str {
+        open_heartbeat(&key(), record, Duration::from_secs(3))
+            .unwrap_err()
+            .reason()
+    }
+
+    #[test]
+    fn only_a_fresh_heartbeat_with_a_good_mac_over_key_and_value_is_taken() {
+        let sent = beat("a", "i1", false);
+        let good = record(&sent, &key());
+        assert_eq!(
+            open_heartbeat(&key(), &good, Duration::from_secs(3)).unwrap(),
+            sent
+        );
+        let mut unsigned = good.clone();
+        unsigned.headers.clear();
+        assert_eq!(reason(&unsigned), "missing_mac");
+        let other = record(
+            &beat("a", "i1", false),
+            &purpose_key(b"a guess", Purpose::HeartbeatRecord),
+        );
+        assert_eq!(reason(&other), "bad_mac");
+        let mut moved = good.clone();
+        moved.value = Some(serde_json::to_vec(&beat("a", "i1", true)).unwrap());
+        assert_eq!(reason(&moved), "bad_mac");
+        let mut rekeyed = good.clone();
+        rekeyed.key = Some(b"b".to_vec());
+        assert_eq!(reason(&rekeyed), "bad_mac");
+        let route_key = purpose_key(b"secret", Purpose::RouteRecord);
+        assert_eq!(
+            reason(&record(&beat("a", "i1", false), &route_key)),
+            "bad_mac"
+        );
+        let mut old = beat("a", "i1", false);
+        old.sent_at_ms -= 3_000 + MAX_CLOCK_SKEW_MS + 1_000;
+        assert_eq!(reason(&record(&old, &key())), "stale");
+    }
+
+    fn options() -> MembershipOptions {
+        MembershipOptions {
+            identity: beat("a", "mine", false),
+            topic: "heartbeats".to_string(),
+            alarm_topic: None,
+            interval: Duration::from_millis(100),
+            node_timeout: Duration::from_secs(3),
+            min_live_nodes: 1,
+            key: key(),
+        }
+    }
+
+    async fn check(events: Vec<TailEvent>) -> Result<(), StartRefused> {
+        let (tx, mut rx) = mpsc::channel(16);
+        for event in events {
+            tx.send(event).await.unwrap();
+        }
+        check_no_live_twin(
+            &mut rx,
+            &options(),
+            Duration::from_millis(200),
+            &ClusterMetrics::default(),
+        )
+        .await
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_start_is_refused_only_while_another_instance_with_the_id_beats() {
+        let twin = beat("a", "other", false);
+        let error = check(vec![
+            TailEvent::CaughtUp,
+            TailEvent::Record(record(&twin, &key())),
+        ])
+        .await
+        .unwrap_err();
+        let text = error.to_string();
+        assert!(
+            text.contains("node id `a` is already in use") && text.contains("other"),
+            "{text}"
+        );
+        // Its own heartbeats, other nodes, a twin that is leaving, a forged
+        // twin: no refusal.
+        let forged = record(&twin, &purpose_key(b"a guess", Purpose::HeartbeatRecord));
+        check(vec![
+            TailEvent::CaughtUp,
+            TailEvent::Record(record(&beat("a", "mine", false), &key())),
+            TailEvent::Record(record(&beat("b", "x", false), &key())),
+            TailEvent::Record(record(&twin, &key())),
+            TailEvent::Record(record(&beat("a", "other", true), &key())),
+            TailEvent::Record(forged),
+        ])
+        .await
+        .unwrap();
+    }
+}
