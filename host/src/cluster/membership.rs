@@ -346,13 +346,16 @@ pub async fn run_membership(
     let mut alarm = false;
     // Another instance with this node's id: its id and when it last beat.
     let mut twin: Option<(String, Instant)> = None;
+    // Readers drop a heartbeat not newer than the last of its instance, so
+    // `sent_at_ms` never goes back, even when the clock does.
+    let mut last_sent_ms = i64::MIN;
     let mut tick = tokio::time::interval(options.interval);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tokio::select! {
             _ = shutdown.cancelled() => break,
             _ = tick.tick() => {
-                let beat = current_heartbeat(&options, &gateway, false);
+                let beat = current_heartbeat(&options, &gateway, false, &mut last_sent_ms);
                 metrics.connections.set(i64::try_from(beat.connections).unwrap_or(i64::MAX));
                 publish_heartbeat(&link, &options, &beat, &acks).await;
                 // This node knows it is alive without waiting for Kafka.
@@ -440,7 +443,7 @@ pub async fn run_membership(
             }
         });
     }
-    let beat = current_heartbeat(&options, &gateway, true);
+    let beat = current_heartbeat(&options, &gateway, true, &mut last_sent_ms);
     publish_heartbeat(&link, &options, &beat, &acks).await;
     acks.close();
     acks.wait().await;
@@ -490,10 +493,16 @@ fn build_view(
     }
 }
 
-fn current_heartbeat(options: &MembershipOptions, gateway: &Gateway, leaving: bool) -> Heartbeat {
+fn current_heartbeat(
+    options: &MembershipOptions,
+    gateway: &Gateway,
+    leaving: bool,
+    last_sent_ms: &mut i64,
+) -> Heartbeat {
+    *last_sent_ms = super::now_ms().max(last_sent_ms.saturating_add(1));
     Heartbeat {
         connections: gateway.connection_count() as u64,
-        sent_at_ms: super::now_ms(),
+        sent_at_ms: *last_sent_ms,
         leaving,
         ..options.identity.clone()
     }
