@@ -62,43 +62,37 @@ pub struct EtcdClientTls {
 impl Etcd {
     /// Starts a one-member cluster and waits until it answers a read.
     pub fn start() -> Etcd {
-        let dir = tempfile::Builder::new()
-            .prefix("wasmrelay-etcd-")
-            .tempdir()
-            .expect("creating a temporary directory for etcd");
-        let mut etcd = Etcd {
+        let mut etcd = Etcd::unstarted(None);
+        etcd.restart();
+        etcd
+    }
+
+    /// An etcd on new free ports and a new data directory, not running.
+    fn unstarted(secured: Option<Secured>) -> Etcd {
+        Etcd {
             child: None,
             client_port: free_port(),
             peer_port: free_port(),
-            dir,
-            secured: None,
-        };
-        etcd.restart();
-        etcd
+            dir: tempfile::Builder::new()
+                .prefix("wasmrelay-etcd-")
+                .tempdir()
+                .expect("creating a temporary directory for etcd"),
+            secured,
+        }
     }
 
     /// Starts a one-member cluster serving TLS only (a server certificate of
     /// `pki`), requiring client certificates of `pki`, with authentication
     /// enabled and user `root` having `root_password`.
     pub async fn start_secured(pki: &TestPki, root_password: &str) -> Etcd {
-        let dir = tempfile::Builder::new()
-            .prefix("wasmrelay-etcd-")
-            .tempdir()
-            .expect("creating a temporary directory for etcd");
-        let mut etcd = Etcd {
-            child: None,
-            client_port: free_port(),
-            peer_port: free_port(),
-            dir,
-            secured: Some(Secured {
-                server: pki.server_cert("etcd-server"),
-                client: pki.client_cert("etcd-client", "etcd-client"),
-                ca_pem: pki.ca_pem().to_owned(),
-                ca_path: pki.ca_path(),
-                root_password: root_password.to_owned(),
-                auth_enabled: false,
-            }),
-        };
+        let mut etcd = Etcd::unstarted(Some(Secured {
+            server: pki.server_cert("etcd-server"),
+            client: pki.client_cert("etcd-client", "etcd-client"),
+            ca_pem: pki.ca_pem().to_owned(),
+            ca_path: pki.ca_path(),
+            root_password: root_password.to_owned(),
+            auth_enabled: false,
+        }));
         etcd.restart();
         let mut client = etcd.client().await;
         client
