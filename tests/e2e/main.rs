@@ -16,6 +16,7 @@ mod link_switch;
 mod plugin_test_cli;
 mod run_config_errors;
 mod secrets;
+mod secured_app;
 mod secured_center;
 mod secured_kafka;
 mod sidecar_flow;

@@ -539,6 +539,11 @@ pub struct AppTarget {
     /// Most requests in flight to the application across all partitions.
     #[serde(default = "default_app_concurrency")]
     pub concurrency: usize,
+    /// For an `https://` URL: a CA certificate (PEM file) trusted besides
+    /// the system's roots, e.g. an internal CA that signed the
+    /// application's certificate.
+    #[serde(default)]
+    pub ca: Option<PathBuf>,
 }
 
 /// Retry with exponential backoff, bounded by a time budget.

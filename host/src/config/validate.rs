@@ -761,15 +761,22 @@ fn check_app(key: &str, app: &AppTarget, problems: &mut Problems) {
         ),
         Ok(url) => {
             match url.scheme() {
-                "http" => {}
-                "https" => problems.push(
-                    format!("{key}.url"),
-                    "https is not supported yet: use an http:// URL",
-                ),
+                "http" | "https" => {}
                 other => problems.push(
                     format!("{key}.url"),
-                    format!("scheme `{other}` is not supported: use an http:// URL"),
+                    format!("scheme `{other}` is not supported: use an http:// or https:// URL"),
                 ),
+            }
+            if let Some(ca) = &app.ca {
+                if url.scheme() != "https" {
+                    problems.push(format!("{key}.ca"), "is set but the URL is not https://");
+                }
+                if !ca.is_file() {
+                    problems.push(
+                        format!("{key}.ca"),
+                        format!("{} is not a readable file", ca.display()),
+                    );
+                }
             }
             if url.host_str().is_none_or(str::is_empty) {
                 problems.push(format!("{key}.url"), "has no host");
@@ -1464,7 +1471,7 @@ client_token_keys = [{ alg = "HS256", secret = "0123456789abcdef0123456789abcdef
             key,
             "is not a valid URL (relative URL without a base)",
         );
-        assert_one(set("https://app:8443/"), key, "https is not supported yet");
+        assert_eq!(set("https://app:8443/"), Vec::<String>::new());
         assert_one(set("ftp://app/"), key, "scheme `ftp` is not supported");
         assert_one(set("http://:8080/"), key, "is not a valid URL (empty host)");
         assert_eq!(set("http://[::1]:8080/x?y=1"), Vec::<String>::new());

@@ -44,6 +44,23 @@ pub struct AppClient {
     flow: String,
 }
 
+/// `error` and each error it was caused by, `: `-separated: reqwest's own
+/// text ("error sending request") does not say what went wrong (refused,
+/// a certificate that does not verify).
+fn with_causes(error: &dyn std::error::Error) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        let cause_text = cause.to_string();
+        if !text.contains(&cause_text) {
+            text.push_str(": ");
+            text.push_str(&cause_text);
+        }
+        source = cause.source();
+    }
+    text
+}
+
 /// How much of an error body is quoted in a dead-letter reason.
 const BODY_QUOTE_LIMIT: usize = 200;
 
@@ -56,11 +73,31 @@ impl AppClient {
         timeout: Duration,
         concurrency: usize,
     ) -> anyhow::Result<Self> {
+        Self::with_ca(flow, url, timeout, concurrency, None)
+    }
+
+    /// [`AppClient::new`] that also trusts `ca_pem` (PEM certificates) for
+    /// an `https://` application, besides the system's roots.
+    pub fn with_ca(
+        flow: &str,
+        url: &str,
+        timeout: Duration,
+        concurrency: usize,
+        ca_pem: Option<&[u8]>,
+    ) -> anyhow::Result<Self> {
         let url = reqwest::Url::parse(url)
             .map_err(|e| anyhow::anyhow!("application URL `{url}`: {e}"))?;
-        let http = reqwest::Client::builder()
+        let mut builder = reqwest::Client::builder()
             .timeout(timeout)
-            .pool_max_idle_per_host(concurrency)
+            .pool_max_idle_per_host(concurrency);
+        if let Some(pem) = ca_pem {
+            for cert in reqwest::Certificate::from_pem_bundle(pem)
+                .map_err(|e| anyhow::anyhow!("the application CA: {e}"))?
+            {
+                builder = builder.add_root_certificate(cert);
+            }
+        }
+        let http = builder
             .build()
             .map_err(|e| anyhow::anyhow!("building the HTTP client: {e}"))?;
         Ok(AppClient {
@@ -88,7 +125,9 @@ impl AppClient {
             Err(error) if error.is_timeout() => {
                 return Attempt::Retry(format!("app did not answer in time: {error}"));
             }
-            Err(error) => return Attempt::Retry(format!("app unreachable: {error}")),
+            Err(error) => {
+                return Attempt::Retry(format!("app unreachable: {}", with_causes(&error)));
+            }
         };
         let status = response.status();
         let response_headers = response.headers().clone();

@@ -128,7 +128,25 @@ fn target(
     Ok(match &flow.deliver {
         None => None,
         Some(DeliverConfig::App(app)) => Some(Arc::new(AppTarget::new(
-            AppClient::new(&flow.name, &app.url, app.timeout, app.concurrency)?,
+            AppClient::with_ca(
+                &flow.name,
+                &app.url,
+                app.timeout,
+                app.concurrency,
+                app.ca
+                    .as_ref()
+                    .map(|ca| {
+                        std::fs::read(ca).with_context(|| {
+                            format!(
+                                "flow `{}`: reading the application CA {}",
+                                flow.name,
+                                ca.display()
+                            )
+                        })
+                    })
+                    .transpose()?
+                    .as_deref(),
+            )?,
             flow.retry.clone(),
             metrics.flow(&flow.name).retried,
         ))),
