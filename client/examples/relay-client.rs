@@ -8,11 +8,19 @@
 //! refreshed in place) or `--token` / `WASMRELAY_TOKEN`. A refused token
 //! ends the client at once with the node's reason.
 //!
+//! With `--ca FILE` (and/or `--system-roots`) the client speaks TLS and
+//! verifies each node's certificate for the host it dials (or for
+//! `--server-name`); `--cert FILE --key FILE` adds a client certificate for
+//! nodes that require one (mutual TLS).
+//!
 //! ```text
 //! wasmrelay token issue --key client-token.key --process billing-1 --ttl 1h > billing-1.token
 //! cargo run -p wasmrelay-client --example relay-client -- \
 //!     --connect 127.0.0.1:7400,127.0.0.1:7401 --process-id billing-1 \
 //!     --token-file billing-1.token --reply --count 10
+//! cargo run -p wasmrelay-client --example relay-client -- \
+//!     --connect relay-1.internal:7400 --process-id billing-1 --token-file billing-1.token \
+//!     --ca ca.pem --cert billing-1.pem --key billing-1.key
 //! ```
 
 use std::io::Write as _;
@@ -20,14 +28,17 @@ use std::process::ExitCode;
 
 use base64::Engine as _;
 use base64::engine::general_purpose::STANDARD as BASE64;
-use clap::Parser;
+use clap::{ArgGroup, Parser};
 use serde_json::{Map, Value};
-use wasmrelay_client::{Client, ClientConfig, Delivery, Event, OutgoingMessage, SendError};
+use wasmrelay_client::{
+    Client, ClientConfig, ClientTls, Delivery, Event, OutgoingMessage, SendError, TlsError,
+};
 
 /// Connects to relay nodes as a business process and prints its deliveries
 /// as JSON lines.
 #[derive(Debug, Parser)]
 #[command(name = "relay-client")]
+#[command(group(ArgGroup::new("trust").args(["ca", "system_roots"]).multiple(true)))]
 struct Args {
     /// Client addresses of relay nodes, `host:port`, comma separated; tried
     /// in order.
@@ -60,6 +71,31 @@ struct Args {
     /// Exit after this many deliveries.
     #[arg(long)]
     count: Option<u64>,
+    /// Connect over TLS, trusting the CA certificates in this PEM file to
+    /// sign the nodes' certificates.
+    #[arg(long, env = "WASMRELAY_CA", value_name = "FILE")]
+    ca: Option<std::path::PathBuf>,
+    /// Connect over TLS, trusting the system's root certificates (with
+    /// `--ca`, both are trusted).
+    #[arg(long)]
+    system_roots: bool,
+    /// The client certificate chain (PEM) to present to nodes that require
+    /// one (mutual TLS); needs `--key` and `--ca` or `--system-roots`.
+    #[arg(
+        long,
+        env = "WASMRELAY_CERT",
+        value_name = "FILE",
+        requires = "key",
+        requires = "trust"
+    )]
+    cert: Option<std::path::PathBuf>,
+    /// The private key (PEM) of `--cert`.
+    #[arg(long, env = "WASMRELAY_KEY", value_name = "FILE", requires = "cert")]
+    key: Option<std::path::PathBuf>,
+    /// The name the nodes' certificates must carry, instead of the host of
+    /// each address dialed; needs `--ca` or `--system-roots`.
+    #[arg(long, value_name = "NAME", requires = "trust")]
+    server_name: Option<String>,
 }
 
 #[tokio::main]
@@ -82,12 +118,17 @@ async fn main() -> ExitCode {
 }
 
 async fn run(args: Args) -> Result<(), String> {
+    // Read before connecting: a bad file fails here, naming it.
+    let tls = tls(&args).map_err(|e| e.to_string())?;
     let mut config = ClientConfig::new(args.connect, args.process_id);
     if let Some(token) = args.token {
         config = config.with_token(token);
     }
     if let Some(path) = args.token_file {
         config = config.with_token_file(path);
+    }
+    if let Some(tls) = tls {
+        config = config.with_tls(tls);
     }
     let (client, mut events) = Client::connect(config).await.map_err(|e| e.to_string())?;
     let mut delivered = 0u64;
@@ -129,6 +170,23 @@ async fn run(args: Args) -> Result<(), String> {
             other => tracing::info!(event = ?other, "event"),
         }
     }
+}
+
+/// The TLS configuration the flags ask for, if any.
+fn tls(args: &Args) -> Result<Option<ClientTls>, TlsError> {
+    let mut tls = match (&args.ca, args.system_roots) {
+        (None, false) => return Ok(None),
+        (Some(ca), false) => ClientTls::with_ca_file(ca)?,
+        (None, true) => ClientTls::with_system_roots()?,
+        (Some(ca), true) => ClientTls::with_system_roots()?.add_ca_file(ca)?,
+    };
+    if let (Some(cert), Some(key)) = (&args.cert, &args.key) {
+        tls = tls.with_client_cert_files(cert, key)?;
+    }
+    if let Some(name) = &args.server_name {
+        tls = tls.with_server_name(name.clone())?;
+    }
+    Ok(Some(tls))
 }
 
 /// Replies if asked, then acks (or nacks when the reply was refused).

@@ -1,9 +1,10 @@
-//! [`ClientConfig`]: where the relay nodes are, who this process is, and how
-//! patiently to connect.
+//! [`ClientConfig`]: where the relay nodes are, who this process is, how
+//! patiently to connect, and whether over TLS.
 
 use std::time::Duration;
 
 use crate::error::ClientError;
+use crate::tls::ClientTls;
 use crate::token::Token;
 
 /// How a [`Client`](crate::Client) connects and reconnects.
@@ -37,8 +38,9 @@ pub struct ClientConfig {
     pub initial_backoff: Duration,
     /// The longest pause between reconnection rounds. Default 5 s.
     pub max_backoff: Duration,
-    /// How long one address may take for the TCP connection and the
-    /// `Hello` / `Welcome` exchange together. Default 5 s.
+    /// How long one address may take for the TCP connection, the TLS
+    /// handshake (with [`tls`](ClientConfig::tls)) and the `Hello` /
+    /// `Welcome` exchange together. Default 5 s.
     pub connect_timeout: Duration,
     /// The largest frame this client reads or writes (length prefix
     /// excluded). Sends are also limited by the maximum the node announces
@@ -56,6 +58,11 @@ pub struct ClientConfig {
     /// tokens. Without it only a node with `client_auth = "none"` accepts
     /// the process. Default: none.
     pub token: Option<Token>,
+    /// TLS towards every node, redirect targets included: which CA the
+    /// nodes' certificates must chain to, an optional client certificate.
+    /// A handshake that fails is a failed attempt on that address, its
+    /// reason naming the cause. Default: none (plain TCP).
+    pub tls: Option<ClientTls>,
 }
 
 impl ClientConfig {
@@ -76,6 +83,7 @@ impl ClientConfig {
             max_frame_bytes: wasmrelay_protocol::DEFAULT_MAX_FRAME_BYTES,
             send_timeout: Duration::from_secs(30),
             token: None,
+            tls: None,
         }
     }
 
@@ -99,6 +107,12 @@ impl ClientConfig {
         F: Fn() -> Result<String, String> + Send + Sync + 'static,
     {
         self.token = Some(Token::from_fn(token));
+        self
+    }
+
+    /// This configuration connecting over TLS.
+    pub fn with_tls(mut self, tls: ClientTls) -> ClientConfig {
+        self.tls = Some(tls);
         self
     }
 

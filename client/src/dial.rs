@@ -1,5 +1,8 @@
-//! Registering with a node: the TCP connection and the `Hello` exchange,
-//! tried over a list of addresses, following `Redirect`s.
+//! Registering with a node: the TCP connection, the TLS handshake when the
+//! configuration has [`ClientTls`](crate::ClientTls), and the `Hello`
+//! exchange, tried over a list of addresses, following `Redirect`s (dialed
+//! with the same TLS configuration, each verified under its own host name
+//! unless a server name is set).
 
 use std::collections::VecDeque;
 
@@ -7,13 +10,14 @@ use futures::{SinkExt, StreamExt};
 use tokio::net::TcpStream;
 use tokio_util::codec::Framed;
 use wasmrelay_protocol::v1::{self, ErrorCode};
-use wasmrelay_protocol::{Frame, FrameCodec, Kind, PROTOCOL_VERSION};
+use wasmrelay_protocol::{CodecError, Frame, FrameCodec, Kind, PROTOCOL_VERSION};
 
 use crate::config::ClientConfig;
 use crate::error::ClientError;
+use crate::stream::Stream;
 
 /// The framed socket of a connection.
-pub(crate) type Transport = Framed<TcpStream, FrameCodec>;
+pub(crate) type Transport = Framed<Stream, FrameCodec>;
 
 /// How many `Redirect`s in a row are followed before giving up on a chain.
 pub(crate) const MAX_REDIRECTS: u32 = 3;
@@ -155,8 +159,8 @@ enum Attempt {
     Failed(String),
 }
 
-/// Connects to `address`, says `Hello` and waits for the answer, all within
-/// the connect timeout.
+/// Connects to `address` (TCP, then TLS if configured), says `Hello` and
+/// waits for the answer, all within the connect timeout.
 async fn attempt(config: &ClientConfig, token: &str, address: &str) -> Result<Answer, Attempt> {
     let timeout = config.connect_timeout;
     match tokio::time::timeout(timeout, handshake(config, token, address)).await {
@@ -168,12 +172,18 @@ async fn attempt(config: &ClientConfig, token: &str, address: &str) -> Result<An
 }
 
 async fn handshake(config: &ClientConfig, token: &str, address: &str) -> Result<Answer, Attempt> {
-    let stream = TcpStream::connect(address)
+    let tcp = TcpStream::connect(address)
         .await
         .map_err(|e| Attempt::Failed(format!("cannot connect: {e}")))?;
-    if let Err(error) = stream.set_nodelay(true) {
+    if let Err(error) = tcp.set_nodelay(true) {
         tracing::debug!(%error, "cannot set TCP_NODELAY");
     }
+    let stream = match &config.tls {
+        None => Stream::Plain(tcp),
+        Some(tls) => Stream::Tls(Box::new(
+            tls.connect(address, tcp).await.map_err(Attempt::Failed)?,
+        )),
+    };
     let mut transport = Framed::new(stream, FrameCodec::new(config.max_frame_bytes));
     let hello = Kind::Hello(v1::Hello {
         protocol_version: PROTOCOL_VERSION,
@@ -193,7 +203,15 @@ async fn handshake(config: &ClientConfig, token: &str, address: &str) -> Result<
                 if let Some(code) = error.code() {
                     let _ = transport.send(Frame::error(code, error.to_string())).await;
                 }
-                return Err(Attempt::Failed(format!("bad answer to Hello: {error}")));
+                return Err(Attempt::Failed(match tls_alert(&error) {
+                    // With TLS 1.3 the node checks a client certificate
+                    // after the client's handshake is done: its refusal
+                    // arrives as the answer to Hello.
+                    Some(alert) => {
+                        format!("the node ended the TLS session before Welcome: {alert}")
+                    }
+                    None => format!("bad answer to Hello: {error}"),
+                }));
             }
             None => {
                 return Err(Attempt::Failed(
@@ -243,5 +261,13 @@ async fn handshake(config: &ClientConfig, token: &str, address: &str) -> Result<
                 return Err(Attempt::Failed(message));
             }
         }
+    }
+}
+
+/// The TLS error under a codec error, if that is what it is.
+fn tls_alert(error: &CodecError) -> Option<&rustls::Error> {
+    match error {
+        CodecError::Io(io) => io.get_ref()?.downcast_ref::<rustls::Error>(),
+        _ => None,
     }
 }

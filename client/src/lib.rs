@@ -13,12 +13,27 @@
 //! the token (`UNAUTHORIZED`) stops the client with a clear error rather
 //! than retrying.
 //!
+//! Over TLS, give the configuration a [`ClientTls`] with
+//! [`ClientConfig::with_tls`]: it trusts the CA in a PEM file
+//! ([`ClientTls::with_ca_file`]) and/or the system roots
+//! ([`ClientTls::with_system_roots`]), and can present a client certificate
+//! to nodes that require one ([`ClientTls::with_client_cert_files`], mutual
+//! TLS). Each node's certificate is verified for the host part of the
+//! address dialed (configured or a redirect target, DNS name or IP
+//! address), or for one name given with [`ClientTls::with_server_name`].
+//! Files are read when the `ClientTls` is built, so a bad one fails there
+//! with a [`TlsError`] naming it; a handshake that fails is a failed attempt
+//! on that address, with the reason (e.g. `invalid peer certificate:
+//! UnknownIssuer`) among [`ClientError::Unreachable`]'s failures.
+//!
 //! ```no_run
-//! use wasmrelay_client::{Client, ClientConfig, Event, OutgoingMessage};
+//! use wasmrelay_client::{Client, ClientConfig, ClientTls, Event, OutgoingMessage};
 //!
 //! # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+//! let tls = ClientTls::with_ca_file("/etc/wasmrelay/ca.pem")?;
 //! let config = ClientConfig::new(["relay-1:7400", "relay-2:7400"], "billing-worker-1")
-//!     .with_token_file("/var/run/secrets/wasmrelay/token");
+//!     .with_token_file("/var/run/secrets/wasmrelay/token")
+//!     .with_tls(tls);
 //! let (client, mut events) = Client::connect(config).await?;
 //! while let Some(event) = events.next().await {
 //!     match event {
@@ -49,7 +64,9 @@ mod dial;
 mod error;
 mod events;
 mod message;
+mod stream;
 mod supervisor;
+mod tls;
 mod token;
 
 pub use client::Client;
@@ -58,5 +75,6 @@ pub use delivery::{Delivery, MAX_NACK_REASON_BYTES};
 pub use error::{AckError, ClientError, SendError};
 pub use events::{Event, Events};
 pub use message::{IncomingMessage, OutgoingMessage};
+pub use tls::{ClientTls, TlsError};
 pub use token::Token;
 pub use wasmrelay_protocol::v1::ErrorCode;

@@ -1,13 +1,14 @@
 //! The client against a fake relay node: registration, deliveries and
 //! acks, sends, redirects, reconnection, replacement, refusals, keepalive,
 //! tokens (sent in every Hello, re-read for every attempt; a refused token
-//! is a permanent error).
+//! is a permanent error), and TLS (`tls`).
 
 // Tasks a test spawns end with the test's runtime; the test awaits
 // those whose outcome it checks.
 #![allow(clippy::unwrap_used, clippy::disallowed_methods)]
 
 mod support;
+mod tls;
 
 use std::time::Duration;
 

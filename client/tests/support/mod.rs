@@ -1,13 +1,20 @@
-//! A fake relay node for the client tests: a TCP listener speaking the
-//! frame protocol, driven step by step by the test.
+//! A fake relay node for the client tests: a TCP listener (optionally
+//! behind TLS, with certificates from [`pki`]) speaking the frame protocol,
+//! driven step by step by the test.
 
 #![allow(dead_code)]
 
+pub(crate) mod pki;
+
 use std::future::Future;
+use std::sync::Arc;
 use std::time::Duration;
 
 use futures::{SinkExt, StreamExt};
-use tokio::net::{TcpListener, TcpStream};
+use rustls::pki_types::CertificateDer;
+use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::net::TcpListener;
+use tokio_rustls::TlsAcceptor;
 use tokio_util::codec::Framed;
 use wasmrelay_client::{ClientConfig, Event, Events};
 use wasmrelay_protocol::v1::{self, ErrorCode};
@@ -41,27 +48,84 @@ pub(crate) async fn next_event(events: &mut Events) -> Event {
         .expect("the event stream ended")
 }
 
+/// The socket of an accepted connection: TCP, or TLS over TCP.
+pub(crate) trait Socket: AsyncRead + AsyncWrite + Unpin + Send + std::fmt::Debug {}
+
+impl<T: AsyncRead + AsyncWrite + Unpin + Send + std::fmt::Debug> Socket for T {}
+
 /// A fake relay node listening on a local port.
-#[derive(Debug)]
 pub(crate) struct FakeNode {
     listener: TcpListener,
     pub(crate) address: String,
+    /// Wraps accepted connections when the node speaks TLS.
+    tls: Option<TlsAcceptor>,
+}
+
+impl std::fmt::Debug for FakeNode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("FakeNode")
+            .field("address", &self.address)
+            .field("tls", &self.tls.is_some())
+            .finish()
+    }
 }
 
 impl FakeNode {
     pub(crate) async fn start() -> FakeNode {
         let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
         let address = listener.local_addr().expect("local address").to_string();
-        FakeNode { listener, address }
+        FakeNode {
+            listener,
+            address,
+            tls: None,
+        }
     }
 
-    /// The next connection.
+    /// A node that runs a TLS handshake with `config` on every connection
+    /// before speaking frames.
+    pub(crate) async fn start_tls(config: Arc<rustls::ServerConfig>) -> FakeNode {
+        FakeNode {
+            tls: Some(TlsAcceptor::from(config)),
+            ..FakeNode::start().await
+        }
+    }
+
+    /// The next connection (its TLS handshake must succeed).
     pub(crate) async fn accept(&self) -> FakeConn {
-        let (stream, _) = within("a connection", self.listener.accept())
+        let (tcp, _) = within("a connection", self.listener.accept())
             .await
             .expect("accept");
+        let Some(acceptor) = &self.tls else {
+            return FakeConn {
+                framed: Framed::new(Box::new(tcp), FrameCodec::default()),
+                peer_certificates: Vec::new(),
+            };
+        };
+        let tls = within("the TLS handshake", acceptor.accept(tcp))
+            .await
+            .expect("the TLS handshake with the client");
+        let peer_certificates = tls
+            .get_ref()
+            .1
+            .peer_certificates()
+            .map(|certs| certs.iter().map(|c| c.clone().into_owned()).collect())
+            .unwrap_or_default();
         FakeConn {
-            framed: Framed::new(stream, FrameCodec::default()),
+            framed: Framed::new(Box::new(tls), FrameCodec::default()),
+            peer_certificates,
+        }
+    }
+
+    /// The next connection, whose TLS handshake must fail: the server's
+    /// reason.
+    pub(crate) async fn accept_failed_handshake(&self) -> std::io::Error {
+        let (tcp, _) = within("a connection", self.listener.accept())
+            .await
+            .expect("accept");
+        let acceptor = self.tls.as_ref().expect("a TLS node");
+        match within("the TLS handshake", acceptor.accept(tcp)).await {
+            Ok(_) => panic!("the TLS handshake succeeded"),
+            Err(error) => error,
         }
     }
 
@@ -134,7 +198,9 @@ pub(crate) fn error(code: ErrorCode, message: &str) -> Kind {
 /// One accepted connection of the fake node.
 #[derive(Debug)]
 pub(crate) struct FakeConn {
-    framed: Framed<TcpStream, FrameCodec>,
+    framed: Framed<Box<dyn Socket>, FrameCodec>,
+    /// The certificate chain the client presented over TLS (empty without).
+    pub(crate) peer_certificates: Vec<CertificateDer<'static>>,
 }
 
 impl FakeConn {
