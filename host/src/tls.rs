@@ -7,6 +7,11 @@
 //! A reload that fails (a half-written file, a key that does not match the
 //! certificate) keeps the certificate in use and is reported; the next
 //! change of the files is tried again.
+//!
+//! The mesh is mutual TLS both ways: a node's [`ServerTls`] also gives the
+//! connector it dials its peers with ([`ServerTls::peer_connector`]),
+//! presenting the same reloadable certificate as a client certificate.
+//! [`common_name`] reads the identity a client certificate carries.
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
@@ -14,13 +19,14 @@ use std::time::{Duration, SystemTime};
 
 use anyhow::{Context as _, bail};
 use arc_swap::ArcSwap;
+use rustls::client::ResolvesClientCert;
 use rustls::pki_types::pem::PemObject as _;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use rustls::server::{ClientHello, ResolvesServerCert, WebPkiClientVerifier};
 use rustls::sign::CertifiedKey;
-use tokio_rustls::TlsAcceptor;
+use rustls::{RootCertStore, SignatureScheme};
+use tokio_rustls::{TlsAcceptor, TlsConnector};
 use tokio_util::sync::CancellationToken;
-use tokio_util::task::TaskTracker;
 
 /// The files of a TLS listener.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -31,6 +37,26 @@ pub struct TlsFiles {
     pub key: PathBuf,
     /// When set, clients must present a certificate signed by this CA (PEM).
     pub client_ca: Option<PathBuf>,
+}
+
+impl From<&crate::config::ListenerTlsConfig> for TlsFiles {
+    fn from(config: &crate::config::ListenerTlsConfig) -> Self {
+        TlsFiles {
+            cert: config.cert.clone(),
+            key: config.key.clone(),
+            client_ca: config.client_ca.clone(),
+        }
+    }
+}
+
+impl From<&crate::config::MeshTlsConfig> for TlsFiles {
+    fn from(config: &crate::config::MeshTlsConfig) -> Self {
+        TlsFiles {
+            cert: config.cert.clone(),
+            key: config.key.clone(),
+            client_ca: Some(config.ca.clone()),
+        }
+    }
 }
 
 /// When a file was last changed, and its size: a change of either is a
@@ -71,6 +97,40 @@ impl std::fmt::Debug for ServerTls {
     }
 }
 
+/// The same certificate, presented as a client certificate when dialing.
+impl ResolvesClientCert for ReloadableCert {
+    fn resolve(&self, _: &[&[u8]], _: &[SignatureScheme]) -> Option<Arc<CertifiedKey>> {
+        Some(self.current.load_full())
+    }
+
+    fn has_certs(&self) -> bool {
+        true
+    }
+}
+
+/// Reads the CA certificates of `path` (PEM); the error names the file.
+pub fn load_roots(path: &Path) -> anyhow::Result<RootCertStore> {
+    let mut roots = RootCertStore::empty();
+    for cert in CertificateDer::pem_file_iter(path)
+        .with_context(|| format!("reading the CA {}", path.display()))?
+    {
+        roots
+            .add(cert.with_context(|| format!("parsing the CA {}", path.display()))?)
+            .with_context(|| format!("the CA {}", path.display()))?;
+    }
+    if roots.is_empty() {
+        bail!("the CA file {} holds no PEM certificate", path.display());
+    }
+    Ok(roots)
+}
+
+/// The subject common name of a DER certificate, if it has one (UTF-8).
+pub fn common_name(cert: &CertificateDer<'_>) -> Option<String> {
+    let (_, parsed) = x509_parser::parse_x509_certificate(cert.as_ref()).ok()?;
+    let name = parsed.subject().iter_common_name().next()?;
+    name.as_str().ok().map(str::to_string)
+}
+
 fn provider() -> Arc<rustls::crypto::CryptoProvider> {
     Arc::new(rustls::crypto::ring::default_provider())
 }
@@ -106,27 +166,17 @@ impl ServerTls {
         let builder = rustls::ServerConfig::builder_with_provider(provider())
             .with_safe_default_protocol_versions()
             .context("TLS protocol versions")?;
-        let builder =
-            match &files.client_ca {
-                None => builder.with_no_client_auth(),
-                Some(ca) => {
-                    let mut roots = rustls::RootCertStore::empty();
-                    for cert in CertificateDer::pem_file_iter(ca)
-                        .with_context(|| format!("reading the client CA {}", ca.display()))?
-                    {
-                        roots
-                            .add(cert.with_context(|| {
-                                format!("parsing the client CA {}", ca.display())
-                            })?)
-                            .with_context(|| format!("the client CA {}", ca.display()))?;
-                    }
-                    let verifier =
-                        WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider())
-                            .build()
-                            .with_context(|| format!("the client CA {}", ca.display()))?;
-                    builder.with_client_cert_verifier(verifier)
-                }
-            };
+        let builder = match &files.client_ca {
+            None => builder.with_no_client_auth(),
+            Some(ca) => {
+                let roots = load_roots(ca).context("the client CA")?;
+                let verifier =
+                    WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider())
+                        .build()
+                        .with_context(|| format!("the client CA {}", ca.display()))?;
+                builder.with_client_cert_verifier(verifier)
+            }
+        };
         let config = builder.with_cert_resolver(cert.clone());
         Ok(ServerTls {
             stamps: Mutex::new((stamp(&files.cert), stamp(&files.key))),
@@ -139,6 +189,19 @@ impl ServerTls {
     /// Wraps accepted connections.
     pub fn acceptor(&self) -> TlsAcceptor {
         self.acceptor.clone()
+    }
+
+    /// A connector for dialing the other nodes of a mutual TLS mesh: it
+    /// verifies them against `ca` and presents this listener's certificate
+    /// (reloaded with it) as its client certificate.
+    pub fn peer_connector(&self, ca: &Path) -> anyhow::Result<TlsConnector> {
+        let roots = load_roots(ca)?;
+        let config = rustls::ClientConfig::builder_with_provider(provider())
+            .with_safe_default_protocol_versions()
+            .context("TLS protocol versions")?
+            .with_root_certificates(roots)
+            .with_client_cert_resolver(self.cert.clone());
+        Ok(TlsConnector::from(Arc::new(config)))
     }
 
     /// Loads the certificate again if its files changed since the last
@@ -160,35 +223,60 @@ impl ServerTls {
 
     /// Checks the files every `every` until `stop`, logging reloads and
     /// failed reloads (`what` names the listener).
-    pub fn watch(
-        self: &Arc<Self>,
+    pub async fn watch(
+        self: Arc<Self>,
         what: &'static str,
         every: Duration,
-        tasks: &TaskTracker,
         stop: CancellationToken,
     ) {
-        let tls = self.clone();
-        tasks.spawn(async move {
-            loop {
-                tokio::select! {
-                    _ = stop.cancelled() => return,
-                    _ = tokio::time::sleep(every) => {}
-                }
-                match tls.reload_if_changed() {
-                    Ok(true) => tracing::info!(
-                        listener = what,
-                        cert = %tls.files.cert.display(),
-                        "TLS certificate reloaded"
-                    ),
-                    Ok(false) => {}
-                    Err(error) => tracing::error!(
-                        listener = what,
-                        error = %format!("{error:#}"),
-                        "TLS certificate not reloaded; keeping the one in use"
-                    ),
-                }
+        loop {
+            tokio::select! {
+                _ = stop.cancelled() => return,
+                _ = tokio::time::sleep(every) => {}
             }
-        });
+            match self.reload_if_changed() {
+                Ok(true) => tracing::info!(
+                    listener = what,
+                    cert = %self.files.cert.display(),
+                    "TLS certificate reloaded"
+                ),
+                Ok(false) => {}
+                Err(error) => tracing::error!(
+                    listener = what,
+                    error = %format!("{error:#}"),
+                    "TLS certificate not reloaded; keeping the one in use"
+                ),
+            }
+        }
+    }
+}
+
+/// How often a listener's certificate files are checked for changes.
+pub const RELOAD_POLL: Duration = Duration::from_secs(1);
+
+/// Loads the TLS of listener `what` (an error names it and the file), if
+/// it has any.
+pub fn load_listener(
+    what: &str,
+    files: Option<TlsFiles>,
+) -> anyhow::Result<Option<Arc<ServerTls>>> {
+    files
+        .map(|files| {
+            ServerTls::load(&files)
+                .map(Arc::new)
+                .with_context(|| format!("loading the TLS certificate of the {what} listener"))
+        })
+        .transpose()
+}
+
+/// Follows changes of `tls`'s files (if any) until `stop`.
+pub async fn watch_listener(
+    tls: Option<Arc<ServerTls>>,
+    what: &'static str,
+    stop: CancellationToken,
+) {
+    if let Some(tls) = tls {
+        tls.watch(what, RELOAD_POLL, stop).await;
     }
 }
 

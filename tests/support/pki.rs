@@ -128,6 +128,26 @@ impl TestPki {
         self.issue(params, file_stem)
     }
 
+    /// A relay node's certificate for the mesh, presented both when it
+    /// accepts and when it dials: for `127.0.0.1`, `::1` and `localhost`,
+    /// good for server and client authentication.
+    pub fn node_cert(&self, file_stem: &str) -> IssuedCert {
+        let mut params = CertificateParams::new(vec!["localhost".to_owned()])
+            .expect("node certificate parameters");
+        params
+            .subject_alt_names
+            .push(SanType::IpAddress(std::net::Ipv4Addr::LOCALHOST.into()));
+        params
+            .subject_alt_names
+            .push(SanType::IpAddress(std::net::Ipv6Addr::LOCALHOST.into()));
+        params.distinguished_name = distinguished_name("localhost");
+        params.extended_key_usages = vec![
+            ExtendedKeyUsagePurpose::ServerAuth,
+            ExtendedKeyUsagePurpose::ClientAuth,
+        ];
+        self.issue(params, file_stem)
+    }
+
     /// A client certificate whose common name (and DNS name) is `name`,
     /// written as `<file_stem>.pem` and `<file_stem>.key`.
     pub fn client_cert(&self, name: &str, file_stem: &str) -> IssuedCert {

@@ -121,6 +121,7 @@ pub async fn serve(
     listener: TcpListener,
     state: Arc<AdminState>,
     config: AdminConfig,
+    tls: Option<Arc<crate::tls::ServerTls>>,
     shutdown: CancellationToken,
 ) {
     if config.token.is_none() && !config.on_loopback() {
@@ -139,14 +140,16 @@ pub async fn serve(
             token: config.token.clone(),
         },
     );
-    serve::run(
+    let watching_cert = crate::tls::watch_listener(tls.clone(), "admin", shutdown.clone());
+    let serving = serve::run(
         listener,
         app,
         ServeOptions::from(&config),
+        tls,
         metrics,
         shutdown,
-    )
-    .await;
+    );
+    tokio::join!(serving, watching_cert);
 }
 
 async fn healthz() -> &'static str {

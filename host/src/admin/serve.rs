@@ -84,6 +84,7 @@ pub async fn run(
     listener: TcpListener,
     app: Router,
     options: ServeOptions,
+    tls: Option<Arc<crate::tls::ServerTls>>,
     metrics: AdminMetrics,
     shutdown: CancellationToken,
 ) {
@@ -112,6 +113,7 @@ pub async fn run(
         };
         connections.spawn(serve_connection(
             stream,
+            tls.clone(),
             peer,
             app.clone(),
             options,
@@ -248,9 +250,9 @@ impl Drop for RequestGuard {
     }
 }
 
-/// A TCP stream that records its reads and writes in [`Activity`].
+/// A connection that records its reads and writes in [`Activity`].
 struct WatchedStream {
-    inner: TcpStream,
+    inner: crate::net::Stream,
     activity: Arc<Activity>,
 }
 
@@ -311,6 +313,7 @@ impl AsyncWrite for WatchedStream {
 /// has given it [`SHUTDOWN_DRAIN`] to finish.
 async fn serve_connection(
     stream: TcpStream,
+    tls: Option<Arc<crate::tls::ServerTls>>,
     peer: SocketAddr,
     app: Router,
     options: ServeOptions,
@@ -318,8 +321,18 @@ async fn serve_connection(
     shutdown: CancellationToken,
 ) {
     let slot = slot.opened();
-    // Responses are small; do not hold them back for coalescing.
-    let _ = stream.set_nodelay(true);
+    // The handshake counts against the header timeout: a client that
+    // connects and sends nothing is closed as soon.
+    let stream = tokio::select! {
+        accepted = crate::net::accept_tls(tls.as_deref(), stream, options.header_timeout) => match accepted {
+            Ok(stream) => stream,
+            Err(reason) => {
+                tracing::debug!(%peer, %reason, "admin connection closed");
+                return;
+            }
+        },
+        () = shutdown.cancelled() => return,
+    };
     let activity = Activity::new();
     let io = TokioIo::new(WatchedStream {
         inner: stream,

@@ -100,6 +100,15 @@ impl ClusterRuntime {
         // Key files are read first: a bad key fails the start before
         // anything is created.
         let client_auth = crate::gateway::ClientAuth::from_config(config, metrics.client_auth())?;
+        let client_tls = crate::tls::load_listener(
+            "client",
+            config.tls.as_ref().map(crate::tls::TlsFiles::from),
+        )?;
+        let mesh_tls = config
+            .mesh_tls
+            .as_ref()
+            .map(super::mesh::MeshTls::load)
+            .transpose()?;
         let info = link.current().info.clone();
         let mut topics = vec![
             TopicSpec::new(&config.heartbeat_topic, 1),
@@ -119,7 +128,10 @@ impl ClusterRuntime {
         let tasks = TaskTracker::new();
         let (events_tx, events_rx) = mpsc::unbounded_channel();
         let gateway = Gateway::new(
-            gateway_options(node_id, config),
+            GatewayOptions {
+                tls: client_tls,
+                ..gateway_options(node_id, config)
+            },
             client_auth,
             upstream,
             Some(events_tx),
@@ -257,6 +269,7 @@ impl ClusterRuntime {
                 // A link silent for three keepalives is broken: as long as
                 // a node may stay silent before it counts as dead.
                 keepalive: (config.node_timeout / 3).max(config.heartbeat_interval),
+                tls: mesh_tls,
                 ..MeshOptions::default()
             },
             gateway.clone(),
@@ -382,6 +395,7 @@ impl ClusterRuntime {
             "clients_accepted": gateway.accepted(),
             "client_protocol_errors": gateway.protocol_errors(),
             "clients_replaced": gateway.replaced(),
+            "client_tls_failures": gateway.tls_failures(),
             "forwards_sent": mesh.forwards_sent(),
             "forwards_delivered": mesh.forwards_delivered(),
             "forwards_not_here": mesh.forwards_not_here(),
@@ -480,5 +494,6 @@ fn gateway_options(node_id: &str, cluster: &ClusterConfig) -> GatewayOptions {
         max_unacked: cluster.max_unacked,
         slow_consumer_timeout: cluster.slow_consumer_timeout,
         max_frame_bytes: cluster.max_frame_bytes,
+        tls: None,
     }
 }

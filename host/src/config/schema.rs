@@ -94,6 +94,10 @@ pub struct AdminConfig {
     /// `wasmrelay_admin_connections_refused_total`).
     #[serde(default = "default_admin_max_connections")]
     pub max_connections: usize,
+    /// Serve the admin API over TLS (HTTPS) with this certificate;
+    /// `client_ca` makes clients present a certificate of that CA.
+    #[serde(default)]
+    pub tls: Option<ListenerTlsConfig>,
 }
 
 impl AdminConfig {
@@ -114,6 +118,7 @@ impl Default for AdminConfig {
             header_timeout: default_admin_header_timeout(),
             idle_timeout: default_admin_idle_timeout(),
             max_connections: default_admin_max_connections(),
+            tls: None,
         }
     }
 }
@@ -399,8 +404,19 @@ pub struct ClusterConfig {
     /// (`host:port`); defaults to `client_listen`.
     #[serde(default)]
     pub client_advertise: Option<String>,
+    /// TLS on the client listener: processes connect with TLS and verify
+    /// this certificate. With `client_ca`, they must also present a
+    /// certificate of that CA (mutual TLS; required by
+    /// `client_auth = "mtls"`).
+    #[serde(default)]
+    pub tls: Option<ListenerTlsConfig>,
     /// Where other nodes connect (the mesh).
     pub mesh_listen: SocketAddr,
+    /// Mutual TLS on the mesh: every node presents its certificate, both
+    /// when it dials and when it accepts, and verifies the other's against
+    /// `ca`. Every node of a cluster needs it once one has it.
+    #[serde(default)]
+    pub mesh_tls: Option<MeshTlsConfig>,
     /// The mesh address other nodes dial; defaults to `mesh_listen`.
     #[serde(default)]
     pub mesh_advertise: Option<String>,
@@ -412,7 +428,8 @@ pub struct ClusterConfig {
     pub secret: Secret,
     /// How business processes prove the process id their Hello registers:
     /// `"token"` (the default: a signed token checked against
-    /// `client_token_keys`) or `"none"` (development only: anyone who
+    /// `client_token_keys`), `"mtls"` (the client certificate's common
+    /// name, with `[cluster.tls] client_ca`) or `"none"` (development only: anyone who
     /// reaches the client port may register, and so take over, any process
     /// id; a warning is logged at start).
     #[serde(default)]
@@ -486,8 +503,46 @@ pub enum ClientAuthMode {
     /// A signed token (JWT) valid for the process id, in `Hello.token`.
     #[default]
     Token,
+    /// The client certificate of a mutual TLS connection
+    /// (`cluster.tls.client_ca`): its subject common name is the process id
+    /// it may register, or a prefix pattern ending in `*`.
+    Mtls,
     /// No check at all: for development on a trusted machine only.
     None,
+}
+
+/// TLS on a listener: the certificate it presents, and optionally the CA
+/// its clients' certificates must be signed by. The files are re-read when
+/// they change; connections open at that moment keep going.
+#[derive(Clone, Debug, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct ListenerTlsConfig {
+    /// The certificate chain (PEM), the listener's own certificate first.
+    pub cert: PathBuf,
+    /// Its private key (PEM).
+    pub key: PathBuf,
+    /// When set, clients must present a certificate signed by this CA
+    /// (PEM): mutual TLS.
+    #[serde(default)]
+    pub client_ca: Option<PathBuf>,
+}
+
+/// Mutual TLS between the nodes of a cluster (`cluster.mesh_tls`).
+#[derive(Clone, Debug, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct MeshTlsConfig {
+    /// This node's certificate chain (PEM): presented to the nodes that
+    /// dial it and to the nodes it dials.
+    pub cert: PathBuf,
+    /// Its private key (PEM).
+    pub key: PathBuf,
+    /// The CA (PEM) every node's certificate must be signed by.
+    pub ca: PathBuf,
+    /// The name a node's certificate must carry; by default the host part
+    /// of the mesh address it advertises (so each node's certificate names
+    /// its own address).
+    #[serde(default)]
+    pub server_name: Option<String>,
 }
 
 /// A key client tokens are verified with (`cluster.client_token_keys`):

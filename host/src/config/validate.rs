@@ -251,7 +251,25 @@ fn check_client_auth(cluster: &super::ClusterConfig, problems: &mut Problems) {
             "is set but `cluster.client_auth` is \"none\", so no token would be checked: \
              remove `client_auth = \"none\"` (token is the default) or the keys",
         ),
+        ClientAuthMode::Mtls if !keys.is_empty() => problems.push(
+            "cluster.client_token_keys",
+            "is set but `cluster.client_auth` is \"mtls\", so no token would be checked \
+             (the client certificate decides): remove the keys",
+        ),
         _ => {}
+    }
+    if cluster.client_auth == ClientAuthMode::Mtls
+        && cluster
+            .tls
+            .as_ref()
+            .is_none_or(|tls| tls.client_ca.is_none())
+    {
+        problems.push(
+            "cluster.client_auth",
+            "is \"mtls\", which takes the process id from the client certificate: set \
+             `[cluster.tls]` with `cert`, `key` and `client_ca` (the CA of the clients' \
+             certificates)",
+        );
     }
     for (index, key) in keys.iter().enumerate() {
         let name = format!("cluster.client_token_keys[{index}]");
@@ -1063,6 +1081,46 @@ client_token_keys = [{ alg = "HS256", secret = "0123456789abcdef0123456789abcdef
                 let cluster = cluster(c);
                 cluster.client_auth = ClientAuthMode::None;
                 cluster.client_token_keys.clear();
+            }),
+            Vec::<String>::new()
+        );
+        assert_one(
+            problems(|c| {
+                let cluster = cluster(c);
+                cluster.client_auth = ClientAuthMode::Mtls;
+                cluster.client_token_keys.clear();
+                cluster.tls = Some(crate::config::ListenerTlsConfig {
+                    cert: "node.crt".into(),
+                    key: "node.key".into(),
+                    client_ca: None,
+                });
+            }),
+            "cluster.client_auth",
+            "client_ca",
+        );
+        assert_one(
+            problems(|c| {
+                let cluster = cluster(c);
+                cluster.client_auth = ClientAuthMode::Mtls;
+                cluster.tls = Some(crate::config::ListenerTlsConfig {
+                    cert: "node.crt".into(),
+                    key: "node.key".into(),
+                    client_ca: Some("clients-ca.crt".into()),
+                });
+            }),
+            "cluster.client_token_keys",
+            "the client certificate decides",
+        );
+        assert_eq!(
+            problems(|c| {
+                let cluster = cluster(c);
+                cluster.client_auth = ClientAuthMode::Mtls;
+                cluster.client_token_keys.clear();
+                cluster.tls = Some(crate::config::ListenerTlsConfig {
+                    cert: "node.crt".into(),
+                    key: "node.key".into(),
+                    client_ca: Some("clients-ca.crt".into()),
+                });
             }),
             Vec::<String>::new()
         );

@@ -2,7 +2,10 @@
 //! names. In token mode (`cluster.client_auth = "token"`, the default) the
 //! Hello carries a JWT signed by a key the cluster trusts; it must be
 //! unexpired and name that process id (`sub`, or the `wasmrelay_process`
-//! pattern). In `"none"` mode, for development, nothing is checked.
+//! pattern). In `"mtls"` mode the connection's client certificate (verified
+//! by the TLS listener against `cluster.tls.client_ca`) decides: its subject
+//! common name is the process id it may register, or a prefix pattern
+//! ending in `*`. In `"none"` mode, for development, nothing is checked.
 //!
 //! The check runs before the gateway creates a session or touches an
 //! existing one, so a connection can only take a process over by proving
@@ -15,7 +18,7 @@
 //! key still loads; otherwise the keys in use stay and the error is logged
 //! once per bad content. Owns: the key set, token verification, and the
 //! issuing of tokens for `wasmrelay token issue`. Does not own the
-//! connection (see `connection`) or mTLS.
+//! connection (see `connection`) or the TLS handshake (`crate::tls`).
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -69,6 +72,22 @@ pub enum Refusal {
         /// `cluster.client_token_audience`.
         expected: String,
     },
+    /// `client_auth = "mtls"` and the connection presented no client
+    /// certificate with a common name.
+    #[error(
+        "a client certificate is required: this node takes the process id from its common name"
+    )]
+    NoCertificate,
+    /// The client certificate is valid but for another process id.
+    #[error(
+        "the client certificate is for process `{granted}` (its common name), not `{requested}`"
+    )]
+    WrongCertificate {
+        /// The certificate's common name.
+        granted: String,
+        /// The Hello's process id.
+        requested: String,
+    },
     /// The token is valid but for another process id.
     #[error("the token is for process `{granted}`, not `{requested}`")]
     WrongProcess {
@@ -89,7 +108,8 @@ impl Refusal {
             Refusal::Expired => "expired",
             Refusal::NotYetValid => "not_yet_valid",
             Refusal::WrongAudience { .. } => "wrong_audience",
-            Refusal::WrongProcess { .. } => "wrong_process",
+            Refusal::WrongProcess { .. } | Refusal::WrongCertificate { .. } => "wrong_process",
+            Refusal::NoCertificate => "no_certificate",
         }
     }
 }
@@ -147,6 +167,11 @@ pub enum Identity {
         /// What the token grants.
         granted: String,
     },
+    /// A client certificate whose common name grants the process id.
+    Certificate {
+        /// The common name.
+        granted: String,
+    },
 }
 
 /// One trusted key, loaded.
@@ -176,6 +201,7 @@ struct TokenVerifier {
 enum Mode {
     None,
     Token(TokenVerifier),
+    Certificate,
 }
 
 /// How the gateway authenticates Hellos; cheap to clone.
@@ -189,6 +215,7 @@ impl std::fmt::Debug for ClientAuth {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match &*self.mode {
             Mode::None => f.write_str("ClientAuth::None"),
+            Mode::Certificate => f.write_str("ClientAuth::Certificate"),
             Mode::Token(verifier) => f
                 .debug_struct("ClientAuth::Token")
                 .field("keys", &verifier.keys.load().len())
@@ -203,6 +230,15 @@ impl ClientAuth {
     pub fn none() -> ClientAuth {
         ClientAuth {
             mode: Arc::new(Mode::None),
+            metrics: ClientAuthMetrics::default(),
+        }
+    }
+
+    /// Client certificate authentication: the TLS listener verifies the
+    /// certificate, this checks that its common name grants the process id.
+    pub fn certificate() -> ClientAuth {
+        ClientAuth {
+            mode: Arc::new(Mode::Certificate),
             metrics: ClientAuthMetrics::default(),
         }
     }
@@ -258,6 +294,7 @@ impl ClientAuth {
                 cluster.client_token_audience.clone(),
             )
             .context("loading the client token keys")?,
+            ClientAuthMode::Mtls => ClientAuth::certificate(),
         };
         Ok(auth.with_metrics(metrics))
     }
@@ -270,15 +307,37 @@ impl ClientAuth {
 
     /// True when Hellos are checked.
     pub fn is_enforced(&self) -> bool {
-        matches!(&*self.mode, Mode::Token(_))
+        !matches!(&*self.mode, Mode::None)
     }
 
     /// Checks that `token` lets its holder register `process_id`. Counts
     /// a refusal; the caller logs it.
     pub fn check(&self, process_id: &str, token: &str) -> Result<Identity, Refusal> {
+        self.check_hello(process_id, token, None)
+    }
+
+    /// Checks a Hello for `process_id` with `token`, on a connection whose
+    /// verified client certificate (if any) has the common name
+    /// `certificate_name`. Counts a refusal; the caller logs it.
+    pub fn check_hello(
+        &self,
+        process_id: &str,
+        token: &str,
+        certificate_name: Option<&str>,
+    ) -> Result<Identity, Refusal> {
         let result = match &*self.mode {
             Mode::None => Ok(Identity::Unauthenticated),
             Mode::Token(verifier) => verifier.check(process_id, token),
+            Mode::Certificate => match certificate_name {
+                None => Err(Refusal::NoCertificate),
+                Some(name) if grants(name, process_id) => Ok(Identity::Certificate {
+                    granted: name.to_string(),
+                }),
+                Some(name) => Err(Refusal::WrongCertificate {
+                    granted: name.to_string(),
+                    requested: process_id.to_string(),
+                }),
+            },
         };
         if let Err(refusal) = &result {
             self.metrics.refused(refusal.reason());

@@ -24,13 +24,14 @@ use wasmrelay_protocol::{CodecError, Frame, FrameCodec, Kind, PROTOCOL_VERSION};
 
 use super::Gateway;
 use super::session::{DeliveryResult, Ending, Session};
+use crate::net::Stream;
 
 /// How long the last frame to a closing client may take to go out.
 const FAREWELL_TIMEOUT: Duration = Duration::from_secs(1);
 /// Frames written before the socket is flushed, when more are queued.
 const WRITE_BATCH: usize = 64;
 
-type Sink = SplitSink<Framed<TcpStream, FrameCodec>, Frame>;
+type Sink = SplitSink<Framed<Stream, FrameCodec>, Frame>;
 
 /// Serves one accepted connection until it ends.
 pub(crate) async fn serve_connection(
@@ -39,8 +40,21 @@ pub(crate) async fn serve_connection(
     peer: SocketAddr,
     shutdown: CancellationToken,
 ) {
-    let _ = stream.set_nodelay(true);
     let options = gateway.options().clone();
+    let stream =
+        match crate::net::accept_tls(options.tls.as_deref(), stream, options.hello_timeout).await {
+            Ok(stream) => stream,
+            Err(reason) => {
+                gateway.stats().tls_failure();
+                tracing::debug!(%peer, %reason, "client connection closed before its Hello");
+                return;
+            }
+        };
+    // The identity a verified client certificate carries (mutual TLS).
+    let certificate_name = stream
+        .peer_certificates()
+        .first()
+        .and_then(crate::tls::common_name);
     let mut framed = Framed::new(stream, FrameCodec::new(options.max_frame_bytes));
 
     let hello = match tokio::time::timeout(options.hello_timeout, framed.next()).await {
@@ -98,7 +112,11 @@ pub(crate) async fn serve_connection(
     }
     // Before any session is created or replaced: only a Hello that proves
     // the identity it claims may register, or take over, a process id.
-    let identity = match gateway.client_auth().check(&hello.process_id, &hello.token) {
+    let identity = match gateway.client_auth().check_hello(
+        &hello.process_id,
+        &hello.token,
+        certificate_name.as_deref(),
+    ) {
         Ok(identity) => identity,
         Err(refusal) => {
             // Never the token itself: it is a credential.
@@ -305,7 +323,7 @@ async fn write_frames(mut sink: Sink, mut outbound: mpsc::Receiver<Frame>, sessi
 /// Answers a connection that never registered with `Error` and closes it.
 async fn refuse(
     gateway: &Gateway,
-    framed: &mut Framed<TcpStream, FrameCodec>,
+    framed: &mut Framed<Stream, FrameCodec>,
     peer: SocketAddr,
     code: ErrorCode,
     reason: String,
@@ -318,7 +336,7 @@ async fn refuse(
 
 async fn codec_failure(
     gateway: &Gateway,
-    framed: &mut Framed<TcpStream, FrameCodec>,
+    framed: &mut Framed<Stream, FrameCodec>,
     peer: SocketAddr,
     error: CodecError,
 ) {

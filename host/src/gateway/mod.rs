@@ -55,6 +55,9 @@ pub struct GatewayOptions {
     pub slow_consumer_timeout: Duration,
     /// Largest frame accepted or sent.
     pub max_frame_bytes: usize,
+    /// TLS on the listener (the handshake must finish within
+    /// `hello_timeout`); plain TCP when `None`.
+    pub tls: Option<Arc<crate::tls::ServerTls>>,
 }
 
 impl Default for GatewayOptions {
@@ -67,6 +70,7 @@ impl Default for GatewayOptions {
             max_unacked: 1024,
             slow_consumer_timeout: Duration::from_secs(30),
             max_frame_bytes: wasmrelay_protocol::DEFAULT_MAX_FRAME_BYTES,
+            tls: None,
         }
     }
 }
@@ -142,11 +146,21 @@ pub struct GatewayStats {
     accepted: AtomicU64,
     protocol_errors: AtomicU64,
     replaced: AtomicU64,
+    tls_failures: AtomicU64,
 }
 
 impl GatewayStats {
     fn protocol_error(&self) {
         self.protocol_errors.fetch_add(1, Ordering::Relaxed);
+    }
+
+    fn tls_failure(&self) {
+        self.tls_failures.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Connections whose TLS handshake failed or did not finish in time.
+    pub fn tls_failures(&self) -> u64 {
+        self.tls_failures.load(Ordering::Relaxed)
     }
 
     /// Connections accepted since start.
@@ -211,12 +225,15 @@ impl Gateway {
     }
 
     /// Accepts connections on `listener` until `shutdown`, following
-    /// changes of the client token key files meanwhile; then every
+    /// changes of the client token key files and the TLS certificate
+    /// meanwhile; then every
     /// connection is told the node is shutting down, and this returns when
     /// they have all closed.
     pub async fn serve(self: Arc<Self>, listener: TcpListener, shutdown: CancellationToken) {
         let gateway = self.clone();
         let watching_keys = self.client_auth.clone().watch_keys(shutdown.clone());
+        let watching_cert =
+            crate::tls::watch_listener(self.options.tls.clone(), "clients", shutdown.clone());
         let accepting = crate::net::accept_until(
             listener,
             shutdown.clone(),
@@ -226,7 +243,7 @@ impl Gateway {
                 connection::serve_connection(gateway.clone(), stream, peer, shutdown.clone())
             },
         );
-        tokio::join!(accepting, watching_keys);
+        tokio::join!(accepting, watching_keys, watching_cert);
         self.sends.close();
         self.sends.wait().await;
     }

@@ -139,6 +139,10 @@ impl Node {
         Vec<(Arc<KafkaLink>, SwitchOptions)>,
     )> {
         // Listeners first: an address in use fails before anything starts.
+        let admin_tls = crate::tls::load_listener(
+            "admin",
+            config.admin.tls.as_ref().map(crate::tls::TlsFiles::from),
+        )?;
         let admin_listener = admin::bind(config.admin.listen).await?;
         let cluster_listeners = match &config.cluster {
             Some(cluster) => Some(ClusterListeners::bind(cluster).await?),
@@ -178,6 +182,7 @@ impl Node {
             admin_listener,
             admin_state.clone(),
             config.admin.clone(),
+            admin_tls,
             parts.admin_stop.clone(),
         ));
         parts.admin = Some(admin_state.clone());

@@ -42,6 +42,14 @@ struct Admin {
 impl Admin {
     /// Starts the admin API on `config.listen` (port 0).
     async fn start(config: AdminConfig) -> Admin {
+        Admin::start_with_tls(config, None).await
+    }
+
+    /// Starts the admin API on `config.listen` (port 0), over TLS if given.
+    async fn start_with_tls(
+        config: AdminConfig,
+        tls: Option<Arc<wasmrelay::tls::ServerTls>>,
+    ) -> Admin {
         let plugins = tempfile::tempdir().unwrap();
         let runtime = PluginRuntime::new(PluginLimits::default()).unwrap();
         let metrics = Arc::new(RelayMetrics::new());
@@ -60,7 +68,7 @@ impl Admin {
         let listener = admin::bind(config.listen).await.unwrap();
         let bound = listener.local_addr().unwrap();
         let shutdown = CancellationToken::new();
-        let serving = tokio::spawn(admin::serve(listener, state, config, shutdown.clone()));
+        let serving = tokio::spawn(admin::serve(listener, state, config, tls, shutdown.clone()));
         Admin {
             addr: SocketAddr::from(([127, 0, 0, 1], bound.port())),
             bound,
@@ -356,4 +364,80 @@ async fn shutdown_ends_with_silent_and_half_sent_connections_open() {
     }
     assert_eq!(admin.metric("wasmrelay_admin_connections "), 0);
     std::net::TcpListener::bind(admin.bound).expect("the admin port is still taken");
+}
+
+#[tokio::test]
+async fn over_tls_the_api_answers_https_and_a_silent_connection_is_closed() {
+    let pki = wasmrelay_test_support::pki::TestPki::new("admin-tls");
+    let cert = pki.server_cert("admin");
+    let tls = wasmrelay::tls::ServerTls::load(&wasmrelay::tls::TlsFiles {
+        cert: cert.cert_path.clone(),
+        key: cert.key_path.clone(),
+        client_ca: None,
+    })
+    .unwrap();
+    let admin = Admin::start_with_tls(
+        AdminConfig {
+            listen: "127.0.0.1:0".parse().unwrap(),
+            token: Some(wasmrelay::config::Secret::new(TOKEN)),
+            header_timeout: Duration::from_millis(300),
+            idle_timeout: NEVER,
+            ..AdminConfig::default()
+        },
+        Some(Arc::new(tls)),
+    )
+    .await;
+    let client = reqwest::Client::builder()
+        .add_root_certificate(reqwest::Certificate::from_pem(pki.ca_pem().as_bytes()).unwrap())
+        .build()
+        .unwrap();
+    let url = |path: &str| format!("https://localhost:{}{path}", admin.addr.port());
+    let status = |response: reqwest::Response| response.status().as_u16();
+    assert_eq!(
+        status(client.get(url("/healthz")).send().await.unwrap()),
+        200
+    );
+    assert_eq!(
+        status(client.get(url("/metrics")).send().await.unwrap()),
+        401
+    );
+    assert_eq!(
+        status(
+            client
+                .get(url("/metrics"))
+                .bearer_auth(TOKEN)
+                .send()
+                .await
+                .unwrap()
+        ),
+        200
+    );
+    // Plain HTTP on the TLS port gets no answer; a client of another CA
+    // fails its handshake.
+    assert!(
+        reqwest::get(format!("http://127.0.0.1:{}/healthz", admin.addr.port()))
+            .await
+            .is_err()
+    );
+    let stranger = reqwest::Client::builder()
+        .add_root_certificate(
+            reqwest::Certificate::from_pem(
+                wasmrelay_test_support::pki::TestPki::new("other")
+                    .ca_pem()
+                    .as_bytes(),
+            )
+            .unwrap(),
+        )
+        .build()
+        .unwrap();
+    assert!(stranger.get(url("/healthz")).send().await.is_err());
+    // A connection that never starts its handshake is closed by the header
+    // timeout.
+    let mut silent = TcpStream::connect(admin.addr).await.unwrap();
+    let mut buf = [0u8; 16];
+    let read = tokio::time::timeout(BOUND, silent.read(&mut buf))
+        .await
+        .expect("a silent connection was not closed");
+    assert!(matches!(read, Ok(0) | Err(_)), "{read:?}");
+    admin.shutdown.cancel();
 }

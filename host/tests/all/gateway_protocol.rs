@@ -107,6 +107,7 @@ fn options() -> GatewayOptions {
         max_unacked: 16,
         slow_consumer_timeout: Duration::from_millis(300),
         max_frame_bytes: 4096,
+        tls: None,
     }
 }
 

@@ -69,6 +69,7 @@ fn mesh_options(id: &str, secret: &[u8]) -> MeshOptions {
         connect_timeout: Duration::from_secs(1),
         keepalive: KEEPALIVE,
         reconnect_backoff: (Duration::from_millis(20), Duration::from_millis(200)),
+        tls: None,
     }
 }
 
@@ -87,6 +88,7 @@ async fn start_on(options: MeshOptions, mesh_addr: SocketAddr) -> Node {
             max_unacked: 256,
             slow_consumer_timeout: Duration::from_secs(5),
             max_frame_bytes: MAX_FRAME,
+            tls: None,
         },
         // The mesh is under test here, not client authentication.
         wasmrelay::gateway::ClientAuth::none(),

@@ -204,6 +204,8 @@ enum DialError {
     Timeout(Duration),
     #[error("connecting failed: {0}")]
     Connect(std::io::Error),
+    #[error("TLS handshake failed: {0}")]
+    Tls(String),
     #[error(transparent)]
     Codec(#[from] MeshWireError),
     #[error("the peer closed the connection before its MeshWelcome")]
@@ -304,6 +306,18 @@ async fn handshake(options: &MeshOptions, slot: &PeerSlot) -> Result<Conn, DialE
         .await
         .map_err(DialError::Connect)?;
     let _ = stream.set_nodelay(true);
+    let stream = match &options.tls {
+        None => crate::net::Stream::Plain(stream),
+        Some(tls) => {
+            let name = tls.server_name_for(&slot.addr).map_err(DialError::Tls)?;
+            let stream = tls
+                .connector
+                .connect(name, stream)
+                .await
+                .map_err(|e| DialError::Tls(e.to_string()))?;
+            crate::net::Stream::Tls(Box::new(stream.into()))
+        }
+    };
     let mut conn = Framed::new(stream, MeshCodec::new(options.max_frame_bytes));
     let nonce: [u8; NONCE_BYTES] = rand::random();
     let time_ms = now_ms();

@@ -66,6 +66,69 @@ pub struct MeshOptions {
     pub keepalive: Duration,
     /// The first and the longest wait before dialing a peer again.
     pub reconnect_backoff: (Duration, Duration),
+    /// Mutual TLS on the links, both ways; plain TCP when `None`.
+    pub tls: Option<MeshTls>,
+}
+
+/// Mutual TLS between nodes: the certificate a node presents when it
+/// accepts and when it dials, and how it verifies its peers'.
+#[derive(Clone)]
+pub struct MeshTls {
+    /// The accepting side (requires a peer certificate of the mesh CA).
+    pub server: Arc<crate::tls::ServerTls>,
+    /// The dialing side (verifies the peer against the mesh CA and
+    /// presents the same certificate).
+    pub connector: tokio_rustls::TlsConnector,
+    /// The name a peer's certificate must carry; by default the host part
+    /// of the address dialed.
+    pub server_name: Option<String>,
+}
+
+impl std::fmt::Debug for MeshTls {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MeshTls")
+            .field("server", &self.server)
+            .field("server_name", &self.server_name)
+            .finish_non_exhaustive()
+    }
+}
+
+impl MeshTls {
+    /// Loads `cluster.mesh_tls`; the error names the file at fault.
+    pub fn load(config: &crate::config::MeshTlsConfig) -> anyhow::Result<MeshTls> {
+        use anyhow::Context as _;
+        let server = crate::tls::ServerTls::load(&config.into())
+            .context("loading the mesh TLS certificate (cluster.mesh_tls)")?;
+        let connector = server
+            .peer_connector(&config.ca)
+            .context("loading the mesh CA (cluster.mesh_tls.ca)")?;
+        Ok(MeshTls {
+            server: Arc::new(server),
+            connector,
+            server_name: config.server_name.clone(),
+        })
+    }
+
+    /// The name a peer dialed at `addr` (`host:port`) must prove.
+    fn server_name_for(
+        &self,
+        addr: &str,
+    ) -> Result<rustls::pki_types::ServerName<'static>, String> {
+        let host = match &self.server_name {
+            Some(name) => name.as_str(),
+            None => host_of(addr),
+        };
+        rustls::pki_types::ServerName::try_from(host.to_string())
+            .map_err(|e| format!("`{host}` is not a name a certificate can carry: {e}"))
+    }
+}
+
+/// The host part of `host:port` (brackets of an IPv6 address removed).
+fn host_of(addr: &str) -> &str {
+    let host = addr.rsplit_once(':').map_or(addr, |(host, _)| host);
+    host.strip_prefix('[')
+        .and_then(|h| h.strip_suffix(']'))
+        .unwrap_or(host)
 }
 
 impl std::fmt::Debug for MeshOptions {
@@ -78,6 +141,7 @@ impl std::fmt::Debug for MeshOptions {
             .field("connect_timeout", &self.connect_timeout)
             .field("keepalive", &self.keepalive)
             .field("reconnect_backoff", &self.reconnect_backoff)
+            .field("tls", &self.tls)
             .finish()
     }
 }
@@ -92,6 +156,7 @@ impl Default for MeshOptions {
             connect_timeout: Duration::from_secs(3),
             keepalive: Duration::from_secs(2),
             reconnect_backoff: (Duration::from_millis(100), Duration::from_secs(2)),
+            tls: None,
         }
     }
 }

@@ -77,10 +77,15 @@ pub(super) async fn serve(mesh: Arc<Mesh>, listener: TcpListener, shutdown: Canc
         // Outgoing links close with the node, not only incoming ones.
         closing.close();
     };
+    let watching_cert = crate::tls::watch_listener(
+        mesh.options().tls.as_ref().map(|tls| tls.server.clone()),
+        "mesh",
+        shutdown.clone(),
+    );
     let accepting = crate::net::accept_until(listener, shutdown.clone(), "mesh", |stream, peer| {
         serve_link(mesh.clone(), stream, peer, shutdown.clone())
     });
-    tokio::join!(accepting, on_shutdown);
+    tokio::join!(accepting, on_shutdown, watching_cert);
 }
 
 /// Serves one accepted connection until it ends.
@@ -90,9 +95,17 @@ async fn serve_link(
     peer: SocketAddr,
     shutdown: CancellationToken,
 ) {
-    let _ = stream.set_nodelay(true);
     let options = mesh.options().clone();
     let stats = mesh.stats();
+    let tls = options.tls.as_ref().map(|tls| &*tls.server);
+    let stream = match crate::net::accept_tls(tls, stream, options.connect_timeout).await {
+        Ok(stream) => stream,
+        Err(reason) => {
+            bump(&stats.unauthorized);
+            tracing::warn!(%peer, %reason, "refusing a mesh link: TLS");
+            return;
+        }
+    };
     let mut conn = Framed::new(stream, MeshCodec::new(options.max_frame_bytes));
     let hello = tokio::select! {
         _ = shutdown.cancelled() => Err(Refusal::new(ErrorCode::ShuttingDown, "the node is shutting down")),

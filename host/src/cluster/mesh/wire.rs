@@ -7,7 +7,6 @@ use std::time::Duration;
 
 use futures::SinkExt as _;
 use futures::stream::SplitSink;
-use tokio::net::TcpStream;
 use tokio::sync::mpsc;
 use tokio_util::codec::Framed;
 use tokio_util::sync::CancellationToken;
@@ -21,7 +20,7 @@ const WRITE_BATCH: usize = 64;
 
 /// A mesh connection: plain frames during the handshake, sealed ones after
 /// it (see [`MeshCodec`]).
-pub(super) type Conn = Framed<TcpStream, MeshCodec>;
+pub(super) type Conn = Framed<crate::net::Stream, MeshCodec>;
 /// The writing half of a mesh connection.
 pub(super) type Sink = SplitSink<Conn, Frame>;
 
