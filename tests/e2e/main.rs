@@ -13,6 +13,7 @@ mod cluster_records;
 mod demo;
 mod harness;
 mod link_switch;
+mod listener_tls;
 mod plugin_test_cli;
 mod run_config_errors;
 mod secrets;

@@ -146,3 +146,21 @@ fn a_link_option_that_weakens_producer_durability_is_named() {
         assert_rejected(&config, &[], &[key, "producer durability is the relay's"]);
     }
 }
+
+#[test]
+fn a_listener_certificate_that_cannot_be_read_stops_the_start_naming_the_listener_and_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let missing = dir.path().join("admin-missing.pem");
+    let config = format!(
+        "{}\n[admin.tls]\ncert = \"{}\"\nkey = \"{}\"\n",
+        base(),
+        missing.display(),
+        dir.path().join("admin.key").display()
+    );
+    let (code, stderr) = run(&config, &[("APP_URL", "http://127.0.0.1:9/")]);
+    assert_ne!(code, 0, "started without its certificate: {stderr}");
+    assert!(
+        stderr.contains("admin listener") && stderr.contains("admin-missing.pem"),
+        "{stderr}"
+    );
+}

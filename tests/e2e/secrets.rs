@@ -254,6 +254,10 @@ async fn the_admin_token_and_cluster_secret_show_in_no_log_line_and_the_token_gu
     let (_, links) = http_get_with_token(&format!("{}/links", node.admin), Some(TOKEN)).unwrap();
     assert_absent(TOKEN, "/links", &links);
     assert_absent(CLUSTER_SECRET, "/links", &links);
+    let (_, cluster_body) = http_get_with_token(&cluster, Some(TOKEN)).unwrap();
+    assert!(cluster_body.contains("\"live\""), "{cluster_body}");
+    assert_absent(TOKEN, "/cluster", &cluster_body);
+    assert_absent(CLUSTER_SECRET, "/cluster", &cluster_body);
 
     let log = node.log();
     assert!(log.contains(" DEBUG "), "no debug line in the log:\n{log}");

@@ -358,13 +358,14 @@ async fn a_cluster_node_runs_over_sasl_ssl() {
     );
     let (status, cluster) = http_get(&format!("{}/cluster", relay.admin)).unwrap();
     assert_eq!(status, 200, "{cluster}");
-    let cluster: Value = serde_json::from_str(&cluster).unwrap();
-    assert_eq!(cluster["live"], 1, "{cluster}");
+    let cluster_view: Value = serde_json::from_str(&cluster).unwrap();
+    assert_eq!(cluster_view["live"], 1, "{cluster_view}");
 
     assert_no_secret(
         &[
             ("the relay log", &relay.log()),
             ("/links", &links_body(&relay)),
+            ("/cluster", &cluster),
         ],
         &[password],
     );

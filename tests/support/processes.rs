@@ -39,8 +39,16 @@ impl ProcessPool {
     /// for it ([`crate::client_tokens::token`]); with `reply`, each
     /// delivery's value is sent back upstream before the ack.
     pub async fn connect(&mut self, addresses: &[String], process_id: &str, reply: bool) {
-        let mut config = ClientConfig::new(addresses.to_vec(), process_id)
+        let config = ClientConfig::new(addresses.to_vec(), process_id)
             .with_token(crate::client_tokens::token(process_id));
+        self.connect_with(config, reply).await;
+    }
+
+    /// Connects the process `config` describes (its backoff shortened for
+    /// tests); with `reply`, as [`ProcessPool::connect`].
+    pub async fn connect_with(&mut self, mut config: ClientConfig, reply: bool) {
+        let process_id = config.process_id.clone();
+        let process_id = process_id.as_str();
         config.initial_backoff = std::time::Duration::from_millis(50);
         config.max_backoff = std::time::Duration::from_millis(500);
         let (client, mut events) = Client::connect(config)
