@@ -285,25 +285,7 @@ mod tests {
     use super::*;
     use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
     use tokio::net::{TcpListener, TcpStream};
-    use tokio_rustls::TlsConnector;
     use wasmrelay_test_support::pki::TestPki;
-
-    fn client(
-        pki: &TestPki,
-        identity: Option<&wasmrelay_test_support::pki::IssuedCert>,
-    ) -> TlsConnector {
-        let builder = rustls::ClientConfig::builder_with_provider(provider())
-            .with_safe_default_protocol_versions()
-            .unwrap()
-            .with_root_certificates(pki.root_store());
-        let config = match identity {
-            None => builder.with_no_client_auth(),
-            Some(cert) => builder
-                .with_client_auth_cert(cert.chain(), cert.key())
-                .unwrap(),
-        };
-        TlsConnector::from(Arc::new(config))
-    }
 
     /// An echo server behind `tls`; returns its address.
     #[allow(clippy::disallowed_methods)] // test server: ends with the test's runtime
@@ -356,7 +338,8 @@ mod tests {
         let name = rustls::pki_types::ServerName::try_from("localhost").unwrap();
         // A fresh client per handshake: a resumed session would show the
         // certificate of the session it resumes.
-        let mut old = client(&pki, None)
+        let mut old = pki
+            .connector(None)
             .connect(name.clone(), TcpStream::connect(addr).await.unwrap())
             .await
             .unwrap();
@@ -368,7 +351,8 @@ mod tests {
         std::fs::write(&files.key, "not a key").unwrap();
         let error = tls.reload_if_changed().unwrap_err();
         assert!(format!("{error:#}").contains("private key"), "{error:#}");
-        let mut during = client(&pki, None)
+        let mut during = pki
+            .connector(None)
             .connect(name.clone(), TcpStream::connect(addr).await.unwrap())
             .await
             .unwrap();
@@ -379,7 +363,8 @@ mod tests {
         let second = pki.server_cert("server");
         assert_eq!(second.cert_path, files.cert);
         assert!(tls.reload_if_changed().unwrap());
-        let mut new = client(&pki, None)
+        let mut new = pki
+            .connector(None)
             .connect(name, TcpStream::connect(addr).await.unwrap())
             .await
             .unwrap();
@@ -404,7 +389,8 @@ mod tests {
         let name = rustls::pki_types::ServerName::try_from("localhost").unwrap();
 
         let good = pki.client_cert("p-1", "client");
-        let mut stream = client(&pki, Some(&good))
+        let mut stream = pki
+            .connector(Some(&good))
             .connect(name.clone(), TcpStream::connect(addr).await.unwrap())
             .await
             .unwrap();
@@ -415,7 +401,8 @@ mod tests {
         let other = TestPki::new("other").client_cert("p-1", "client");
         for identity in [None, Some(&other)] {
             let refused = async {
-                let mut stream = client(&pki, identity)
+                let mut stream = pki
+                    .connector(identity)
                     .connect(name.clone(), TcpStream::connect(addr).await?)
                     .await?;
                 stream.write_all(b"x").await?;

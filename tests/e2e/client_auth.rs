@@ -16,26 +16,10 @@ use wasmrelay_test_support as support;
 
 const DEBUG: &[(&str, &str)] = &[("RUST_LOG", "debug")];
 
-/// Runs the example client as process `process_id` on `addr` with `args`
-/// until it exits (at most 30 s): (success, stdout, stderr).
+/// Runs the example client: (success, stdout, stderr).
 async fn relay_client(addr: &str, process_id: &str, args: &[&str]) -> (bool, String, String) {
-    let child = tokio::process::Command::new(support::relay_client_example())
-        .args(["--connect", addr, "--process-id", process_id])
-        .args(args)
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()
-        .expect("starting relay-client");
-    let output = tokio::time::timeout(Duration::from_secs(30), child.wait_with_output())
-        .await
-        .expect("relay-client did not exit within 30 s")
-        .unwrap();
-    (
-        output.status.success(),
-        String::from_utf8_lossy(&output.stdout).into_owned(),
-        String::from_utf8_lossy(&output.stderr).into_owned(),
-    )
+    let run = support::run_relay_client(addr, process_id, args).await;
+    (run.ok, run.stdout, run.stderr)
 }
 
 /// `wasmrelay token issue` with `args`; the token it printed.

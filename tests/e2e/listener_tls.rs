@@ -50,25 +50,10 @@ fn cluster_json(node: &RelayProcess) -> Value {
     serde_json::from_str(&body).unwrap_or(Value::Null)
 }
 
-/// Runs the example client on `addr` as `process_id` with `args` until it
-/// exits: (success, stderr).
+/// Runs the example client: (success, stderr).
 async fn relay_client(addr: &str, process_id: &str, args: &[&str]) -> (bool, String) {
-    let child = tokio::process::Command::new(support::relay_client_example())
-        .args(["--connect", addr, "--process-id", process_id])
-        .args(args)
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()
-        .expect("starting relay-client");
-    let output = tokio::time::timeout(Duration::from_secs(30), child.wait_with_output())
-        .await
-        .expect("relay-client did not exit within 30 s")
-        .unwrap();
-    (
-        output.status.success(),
-        String::from_utf8_lossy(&output.stderr).into_owned(),
-    )
+    let run = support::run_relay_client(addr, process_id, args).await;
+    (run.ok, run.stderr)
 }
 
 fn path(p: &Path) -> String {

@@ -73,6 +73,37 @@ pub fn relay_client_example() -> &'static Path {
     })
 }
 
+/// What a run of the example client left: whether it exited with success,
+/// and what it printed.
+#[derive(Debug)]
+pub struct ClientRun {
+    pub ok: bool,
+    pub stdout: String,
+    pub stderr: String,
+}
+
+/// Runs the example client as process `process_id` on `addr` with `args`
+/// until it exits (at most 30 s).
+pub async fn run_relay_client(addr: &str, process_id: &str, args: &[&str]) -> ClientRun {
+    let child = tokio::process::Command::new(relay_client_example())
+        .args(["--connect", addr, "--process-id", process_id])
+        .args(args)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("starting relay-client");
+    let output = tokio::time::timeout(std::time::Duration::from_secs(30), child.wait_with_output())
+        .await
+        .expect("relay-client did not exit within 30 s")
+        .expect("waiting for relay-client");
+    ClientRun {
+        ok: output.status.success(),
+        stdout: String::from_utf8_lossy(&output.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&output.stderr).into_owned(),
+    }
+}
+
 /// Runs `cargo build --locked` on the `targets` and returns the executable
 /// at `output` under the profile directory; panics with cargo's output if
 /// the build fails.

@@ -115,37 +115,40 @@ impl TestPki {
     /// A server certificate for `127.0.0.1`, `::1` and `localhost`, written
     /// as `<file_stem>.pem` and `<file_stem>.key`.
     pub fn server_cert(&self, file_stem: &str) -> IssuedCert {
-        let mut params = CertificateParams::new(vec!["localhost".to_owned()])
-            .expect("server certificate parameters");
-        params
-            .subject_alt_names
-            .push(SanType::IpAddress(std::net::Ipv4Addr::LOCALHOST.into()));
-        params
-            .subject_alt_names
-            .push(SanType::IpAddress(std::net::Ipv6Addr::LOCALHOST.into()));
-        params.distinguished_name = distinguished_name("localhost");
-        params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
-        self.issue(params, file_stem)
+        self.issue(
+            localhost_params(vec![ExtendedKeyUsagePurpose::ServerAuth]),
+            file_stem,
+        )
     }
 
     /// A relay node's certificate for the mesh, presented both when it
     /// accepts and when it dials: for `127.0.0.1`, `::1` and `localhost`,
     /// good for server and client authentication.
     pub fn node_cert(&self, file_stem: &str) -> IssuedCert {
-        let mut params = CertificateParams::new(vec!["localhost".to_owned()])
-            .expect("node certificate parameters");
-        params
-            .subject_alt_names
-            .push(SanType::IpAddress(std::net::Ipv4Addr::LOCALHOST.into()));
-        params
-            .subject_alt_names
-            .push(SanType::IpAddress(std::net::Ipv6Addr::LOCALHOST.into()));
-        params.distinguished_name = distinguished_name("localhost");
-        params.extended_key_usages = vec![
-            ExtendedKeyUsagePurpose::ServerAuth,
-            ExtendedKeyUsagePurpose::ClientAuth,
-        ];
-        self.issue(params, file_stem)
+        self.issue(
+            localhost_params(vec![
+                ExtendedKeyUsagePurpose::ServerAuth,
+                ExtendedKeyUsagePurpose::ClientAuth,
+            ]),
+            file_stem,
+        )
+    }
+
+    /// A TLS client that trusts this CA and presents `identity`, if given.
+    pub fn connector(&self, identity: Option<&IssuedCert>) -> tokio_rustls::TlsConnector {
+        let builder = rustls::ClientConfig::builder_with_provider(Arc::new(
+            rustls::crypto::ring::default_provider(),
+        ))
+        .with_safe_default_protocol_versions()
+        .expect("TLS versions")
+        .with_root_certificates(self.root_store());
+        let config = match identity {
+            None => builder.with_no_client_auth(),
+            Some(cert) => builder
+                .with_client_auth_cert(cert.chain(), cert.key())
+                .expect("a client certificate this module issued"),
+        };
+        tokio_rustls::TlsConnector::from(Arc::new(config))
     }
 
     /// A client certificate whose common name (and DNS name) is `name`,
@@ -194,4 +197,20 @@ fn distinguished_name(common_name: &str) -> DistinguishedName {
     let mut name = DistinguishedName::new();
     name.push(DnType::CommonName, common_name);
     name
+}
+
+/// Parameters of a certificate for `127.0.0.1`, `::1` and `localhost` with
+/// the extended key usages `usages`.
+fn localhost_params(usages: Vec<ExtendedKeyUsagePurpose>) -> CertificateParams {
+    let mut params =
+        CertificateParams::new(vec!["localhost".to_owned()]).expect("certificate parameters");
+    params
+        .subject_alt_names
+        .push(SanType::IpAddress(std::net::Ipv4Addr::LOCALHOST.into()));
+    params
+        .subject_alt_names
+        .push(SanType::IpAddress(std::net::Ipv6Addr::LOCALHOST.into()));
+    params.distinguished_name = distinguished_name("localhost");
+    params.extended_key_usages = usages;
+    params
 }

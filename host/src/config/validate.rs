@@ -1061,6 +1061,13 @@ client_token_keys = [{ alg = "HS256", secret = "0123456789abcdef0123456789abcdef
     #[test]
     fn client_auth_needs_keys_and_each_key_one_source() {
         use crate::config::{ClientAuthMode, Secret, TokenAlgorithm, TokenKeyConfig};
+        let listener_tls = |client_ca: Option<&str>| {
+            Some(crate::config::ListenerTlsConfig {
+                cert: "node.crt".into(),
+                key: "node.key".into(),
+                client_ca: client_ca.map(Into::into),
+            })
+        };
         let key = |alg, path: Option<&str>, secret: Option<&str>| TokenKeyConfig {
             alg,
             path: path.map(Into::into),
@@ -1089,11 +1096,7 @@ client_token_keys = [{ alg = "HS256", secret = "0123456789abcdef0123456789abcdef
                 let cluster = cluster(c);
                 cluster.client_auth = ClientAuthMode::Mtls;
                 cluster.client_token_keys.clear();
-                cluster.tls = Some(crate::config::ListenerTlsConfig {
-                    cert: "node.crt".into(),
-                    key: "node.key".into(),
-                    client_ca: None,
-                });
+                cluster.tls = listener_tls(None);
             }),
             "cluster.client_auth",
             "client_ca",
@@ -1102,11 +1105,7 @@ client_token_keys = [{ alg = "HS256", secret = "0123456789abcdef0123456789abcdef
             problems(|c| {
                 let cluster = cluster(c);
                 cluster.client_auth = ClientAuthMode::Mtls;
-                cluster.tls = Some(crate::config::ListenerTlsConfig {
-                    cert: "node.crt".into(),
-                    key: "node.key".into(),
-                    client_ca: Some("clients-ca.crt".into()),
-                });
+                cluster.tls = listener_tls(Some("clients-ca.crt"));
             }),
             "cluster.client_token_keys",
             "the client certificate decides",
@@ -1116,11 +1115,7 @@ client_token_keys = [{ alg = "HS256", secret = "0123456789abcdef0123456789abcdef
                 let cluster = cluster(c);
                 cluster.client_auth = ClientAuthMode::Mtls;
                 cluster.client_token_keys.clear();
-                cluster.tls = Some(crate::config::ListenerTlsConfig {
-                    cert: "node.crt".into(),
-                    key: "node.key".into(),
-                    client_ca: Some("clients-ca.crt".into()),
-                });
+                cluster.tls = listener_tls(Some("clients-ca.crt"));
             }),
             Vec::<String>::new()
         );

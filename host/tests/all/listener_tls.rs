@@ -11,7 +11,6 @@ use std::time::Duration;
 use futures::future::BoxFuture;
 use futures::{FutureExt as _, SinkExt as _, StreamExt as _};
 use tokio::net::{TcpListener, TcpStream};
-use tokio_rustls::TlsConnector;
 use tokio_util::codec::Framed;
 use tokio_util::sync::CancellationToken;
 use wasmrelay::cluster::mesh::{ForwardOutcome, Mesh, MeshOptions, MeshTls};
@@ -64,22 +63,6 @@ async fn gateway(
     (gateway, addr, stop)
 }
 
-fn connector(pki: &TestPki, identity: Option<&IssuedCert>) -> TlsConnector {
-    let builder = rustls::ClientConfig::builder_with_provider(Arc::new(
-        rustls::crypto::ring::default_provider(),
-    ))
-    .with_safe_default_protocol_versions()
-    .unwrap()
-    .with_root_certificates(pki.root_store());
-    let config = match identity {
-        None => builder.with_no_client_auth(),
-        Some(cert) => builder
-            .with_client_auth_cert(cert.chain(), cert.key())
-            .unwrap(),
-    };
-    TlsConnector::from(Arc::new(config))
-}
-
 /// Connects over TLS, trusting `pki`, presenting `identity` if given.
 async fn connect(
     addr: std::net::SocketAddr,
@@ -88,7 +71,7 @@ async fn connect(
 ) -> std::io::Result<Conn> {
     let tcp = TcpStream::connect(addr).await?;
     let name = rustls::pki_types::ServerName::try_from("127.0.0.1").unwrap();
-    let tls = connector(pki, identity).connect(name, tcp).await?;
+    let tls = pki.connector(identity).connect(name, tcp).await?;
     Ok(Framed::new(tls, FrameCodec::default()))
 }
 
