@@ -102,7 +102,7 @@ pub(crate) async fn register(
     let mut failures = Vec::new();
     while let Some((candidate, hops)) = line.pop_front() {
         let Candidate { address, origin } = candidate;
-        match attempt(config, &token, &address).await {
+        match attempt(config, &token, &address, hops).await {
             Ok(Answer::Welcome(transport, welcome)) => {
                 return Ok(Registered {
                     transport,
@@ -161,9 +161,14 @@ enum Attempt {
 
 /// Connects to `address` (TCP, then TLS if configured), says `Hello` and
 /// waits for the answer, all within the connect timeout.
-async fn attempt(config: &ClientConfig, token: &str, address: &str) -> Result<Answer, Attempt> {
+async fn attempt(
+    config: &ClientConfig,
+    token: &str,
+    address: &str,
+    redirects: u32,
+) -> Result<Answer, Attempt> {
     let timeout = config.connect_timeout;
-    match tokio::time::timeout(timeout, handshake(config, token, address)).await {
+    match tokio::time::timeout(timeout, handshake(config, token, address, redirects)).await {
         Ok(result) => result,
         Err(_) => Err(Attempt::Failed(format!(
             "no answer within the connect timeout of {timeout:?}"
@@ -171,7 +176,12 @@ async fn attempt(config: &ClientConfig, token: &str, address: &str) -> Result<An
     }
 }
 
-async fn handshake(config: &ClientConfig, token: &str, address: &str) -> Result<Answer, Attempt> {
+async fn handshake(
+    config: &ClientConfig,
+    token: &str,
+    address: &str,
+    redirects: u32,
+) -> Result<Answer, Attempt> {
     let tcp = TcpStream::connect(address)
         .await
         .map_err(|e| Attempt::Failed(format!("cannot connect: {e}")))?;
@@ -191,6 +201,7 @@ async fn handshake(config: &ClientConfig, token: &str, address: &str) -> Result<
         client_name: config.client_name.clone(),
         accepts_redirect: true,
         token: token.to_string(),
+        redirects,
     });
     transport
         .send(Frame::of(hello))

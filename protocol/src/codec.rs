@@ -186,6 +186,7 @@ mod tests {
             client_name: "test".to_string(),
             accepts_redirect: true,
             token: "header.claims.signature".to_string(),
+            redirects: 0,
         }))
     }
 

@@ -14,6 +14,7 @@ mod demo;
 mod harness;
 mod link_switch;
 mod listener_tls;
+mod placement;
 mod plugin_test_cli;
 mod run_config_errors;
 mod secrets;

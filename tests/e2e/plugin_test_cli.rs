@@ -158,7 +158,7 @@ fn mask_fields_masks_named_fields_at_any_depth() {
 }
 
 #[test]
-fn route_by_field_routes_by_header_then_field_and_places_by_free_quota() {
+fn route_by_field_routes_by_header_then_field_and_pins_placement_by_prefix() {
     let input = r#"{"value":"{\"process_id\":\"p-7\"}"}
 {"value":"{\"process_id\":\"p-7\"}","headers":{"process-id":"p-9"}}
 {"value":"{\"other\":1}"}
@@ -174,8 +174,28 @@ fn route_by_field_routes_by_header_then_field_and_places_by_free_quota() {
             json!({"input": 2, "route": "p-9"}),
             json!({"input": 3, "route": null}),
             json!({"input": 4, "route": "12"}),
-            json!({"input": 5, "place": "b"}),
+            // No pin configured: the relay's built-in placement decides.
+            json!({"input": 5, "place": null}),
         ]
+    );
+    let place = |process_id: &str| {
+        format!(
+            r#"{{"place":{{"process_id":"{process_id}","nodes":[{{"node_id":"a","live":true,"connections":90,"quota":100}},{{"node_id":"b","live":true,"connections":10,"quota":100}}]}}}}"#
+        )
+    };
+    let pinned = plugin_test(
+        "route-by-field",
+        &["--config", "pin_prefix=a-", "--config", "pin_node=a"],
+        &format!("{}\n{}\n", place("a-1"), place("b-1")),
+    );
+    assert_eq!(
+        pinned.lines,
+        vec![
+            json!({"input": 1, "place": "a"}),
+            json!({"input": 2, "place": null}),
+        ],
+        "{}",
+        pinned.stderr
     );
     let by_custom_field = plugin_test(
         "route-by-field",

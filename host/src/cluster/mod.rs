@@ -11,6 +11,7 @@
 pub mod delivery;
 pub mod membership;
 pub mod mesh;
+pub mod placement;
 pub mod router;
 pub mod routes;
 pub mod runtime;
@@ -18,7 +19,7 @@ pub mod upstream;
 
 pub use delivery::{ClusterDelivery, ClusterTarget, DeliveryPolicy};
 pub use router::{PROCESS_ID_HEADER, ProcessRouter, RouteFailure};
-pub use runtime::{Advertised, ClusterListeners, ClusterRuntime};
+pub use runtime::{Advertised, ClusterFlow, ClusterListeners, ClusterRuntime};
 pub use upstream::FlowUpstream;
 
 /// Milliseconds since the Unix epoch, for the records nodes exchange.

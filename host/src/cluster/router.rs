@@ -1,5 +1,7 @@
 //! Which business process a message is for: a router plugin's `route`, or
-//! the built-in rule (the `process-id` header, else the message key).
+//! the built-in rule (the `process-id` header, else the message key); and
+//! the plugin's say in where a new process connects (`place`, used by
+//! [`super::placement`]).
 
 use std::sync::Arc;
 
@@ -39,6 +41,40 @@ impl ProcessRouter {
     /// the built-in rule when `None`.
     pub fn new(plugin: Option<String>, registry: Arc<PluginRegistry>) -> ProcessRouter {
         ProcessRouter { plugin, registry }
+    }
+
+    /// Whether a router plugin is configured (else the built-in rule).
+    pub fn has_plugin(&self) -> bool {
+        self.plugin.is_some()
+    }
+
+    /// The router plugin's `place`: which of `loads`' nodes should accept
+    /// a new connection of `process_id` (`None`: the built-in rule
+    /// decides, as it does without a plugin). The error names the plugin.
+    pub async fn place(
+        &self,
+        process_id: &str,
+        loads: &[super::placement::NodeLoad],
+    ) -> Result<Option<String>, String> {
+        let Some(name) = &self.plugin else {
+            return Ok(None);
+        };
+        let version = self.registry.current(name).map_err(|e| e.to_string())?;
+        let nodes: Vec<crate::plugin::NodeLoad> = loads
+            .iter()
+            .map(|l| crate::plugin::NodeLoad {
+                node_id: l.node_id.clone(),
+                live: true,
+                connections: l.connections,
+                quota: l.quota,
+            })
+            .collect();
+        let process_id = process_id.to_string();
+        let label = format!("router:{}@{}", version.name(), version.sha256());
+        tokio::task::spawn_blocking(move || version.place(&process_id, &nodes))
+            .await
+            .map_err(|e| format!("{label}: the place task failed: {e}"))?
+            .map_err(|e| format!("{label}: {e}"))
     }
 
     /// The process id of `message` (which came from `input`).

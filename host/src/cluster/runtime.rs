@@ -55,6 +55,23 @@ impl ClusterListeners {
     }
 }
 
+/// What the node's cluster flow gives the runtime.
+pub struct ClusterFlow {
+    /// Where processes' upstream sends go (the flow's data-return chain
+    /// and output topic).
+    pub upstream: Arc<dyn Upstream>,
+    /// The flow's router, whose plugin (if any) has a say in placement.
+    pub router: super::router::ProcessRouter,
+}
+
+impl std::fmt::Debug for ClusterFlow {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ClusterFlow")
+            .field("router", &self.router)
+            .finish_non_exhaustive()
+    }
+}
+
 /// The addresses a node tells others (heartbeats, redirects, `/cluster`).
 #[derive(Clone, Debug, serde::Serialize)]
 pub struct Advertised {
@@ -94,9 +111,10 @@ impl ClusterRuntime {
         config: &ClusterConfig,
         listeners: ClusterListeners,
         link: Arc<KafkaLink>,
-        upstream: Arc<dyn Upstream>,
+        flow: ClusterFlow,
         metrics: &RelayMetrics,
     ) -> anyhow::Result<ClusterRuntime> {
+        let ClusterFlow { upstream, router } = flow;
         // Key files are read first: a bad key fails the start before
         // anything is created.
         let client_auth = crate::gateway::ClientAuth::from_config(config, metrics.client_auth())?;
@@ -167,6 +185,13 @@ impl ClusterRuntime {
             cluster_metrics.clone(),
         );
         let (view_tx, view) = watch::channel(ClusterView::default());
+        gateway.set_placement(Arc::new(super::placement::ClusterPlacement::new(
+            node_id,
+            &advertised.client_addr,
+            config.connection_quota,
+            view.clone(),
+            Some(router),
+        )));
 
         let (heartbeats_tx, mut heartbeats_rx) = mpsc::channel::<TailEvent>(TAIL_BUFFER);
         let heartbeat_tail = TopicTail::start(
@@ -379,6 +404,7 @@ impl ClusterRuntime {
             "min_live_nodes": view.min_live_nodes,
             "alarm": view.alarm,
             "connections": self.gateway.connection_count(),
+            "connection_quota": self.gateway.options().quota,
             "routes": self.routes.len(),
             "route_table_caught_up": self.routes.caught_up().borrow().is_some(),
             "mesh": linked,
@@ -396,6 +422,8 @@ impl ClusterRuntime {
             "client_protocol_errors": gateway.protocol_errors(),
             "clients_replaced": gateway.replaced(),
             "client_tls_failures": gateway.tls_failures(),
+            "clients_redirected": gateway.redirected(),
+            "clients_refused_full": gateway.refused_full(),
             "forwards_sent": mesh.forwards_sent(),
             "forwards_delivered": mesh.forwards_delivered(),
             "forwards_not_here": mesh.forwards_not_here(),
@@ -495,5 +523,6 @@ fn gateway_options(node_id: &str, cluster: &ClusterConfig) -> GatewayOptions {
         slow_consumer_timeout: cluster.slow_consumer_timeout,
         max_frame_bytes: cluster.max_frame_bytes,
         tls: None,
+        quota: usize::try_from(cluster.connection_quota).unwrap_or(usize::MAX),
     }
 }

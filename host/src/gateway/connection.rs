@@ -22,8 +22,8 @@ use tokio_util::sync::CancellationToken;
 use wasmrelay_protocol::v1::{self, ErrorCode};
 use wasmrelay_protocol::{CodecError, Frame, FrameCodec, Kind, PROTOCOL_VERSION};
 
-use super::Gateway;
 use super::session::{DeliveryResult, Ending, Session};
+use super::{Gateway, Placement};
 use crate::net::Stream;
 
 /// How long the last frame to a closing client may take to go out.
@@ -128,6 +128,39 @@ pub(crate) async fn serve_connection(
         }
     };
 
+    // Where a process not connected here yet goes: here while below the
+    // quota, or (for a client that follows redirects and was not
+    // redirected already) wherever the placement policy says.
+    let admission = match gateway
+        .admit(
+            &hello.process_id,
+            hello.accepts_redirect && hello.redirects == 0,
+        )
+        .await
+    {
+        Ok(admission) => admission,
+        Err(placement) => {
+            let frame = match placement {
+                // `admit` never refuses with `Here`.
+                Placement::Here => Frame::error(ErrorCode::NodeFull, String::new()),
+                Placement::Elsewhere { node_id, address } => {
+                    tracing::debug!(%peer, process = %hello.process_id, node = %node_id, %address, "placing a process on another node");
+                    Frame::of(Kind::Redirect(v1::Redirect {
+                        addresses: vec![address],
+                        reason: format!("placed on node {node_id}"),
+                    }))
+                }
+                Placement::Full(reason) => {
+                    tracing::info!(%peer, process = %hello.process_id, %reason, "refusing a process: no room");
+                    Frame::error(ErrorCode::NodeFull, reason)
+                }
+            };
+            let _ = tokio::time::timeout(FAREWELL_TIMEOUT, framed.send(frame)).await;
+            let _ = tokio::time::timeout(FAREWELL_TIMEOUT, framed.close()).await;
+            return;
+        }
+    };
+
     let (outbound_tx, outbound_rx) = mpsc::channel(options.send_queue);
     let session = Arc::new(Session::new(
         hello.process_id.clone(),
@@ -148,6 +181,7 @@ pub(crate) async fn serve_connection(
         return;
     }
     gateway.register(session.clone());
+    drop(admission);
     tracing::debug!(process = %hello.process_id, %peer, client = %hello.client_name, ?identity, "process registered");
 
     let (sink, mut frames) = framed.split();

@@ -58,6 +58,33 @@ pub struct GatewayOptions {
     /// TLS on the listener (the handshake must finish within
     /// `hello_timeout`); plain TCP when `None`.
     pub tls: Option<Arc<crate::tls::ServerTls>>,
+    /// Processes this node holds at most: a Hello for a process not
+    /// connected here is refused (`NODE_FULL`) or placed elsewhere when
+    /// this many are connected.
+    pub quota: usize,
+}
+
+/// Where a new process should be accepted (see [`PlacementPolicy`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Placement {
+    /// On this node.
+    Here,
+    /// On another node: the client is redirected there.
+    Elsewhere {
+        /// The node.
+        node_id: String,
+        /// Its client address.
+        address: String,
+    },
+    /// Nowhere now: every node is full; the reason.
+    Full(String),
+}
+
+/// Picks the node a new process connects to (the cluster's placement).
+pub trait PlacementPolicy: Send + Sync + 'static {
+    /// Where `process_id` should go, when this node holds
+    /// `local_connections` processes.
+    fn place(&self, process_id: &str, local_connections: usize) -> BoxFuture<'static, Placement>;
 }
 
 impl Default for GatewayOptions {
@@ -71,6 +98,7 @@ impl Default for GatewayOptions {
             slow_consumer_timeout: Duration::from_secs(30),
             max_frame_bytes: wasmrelay_protocol::DEFAULT_MAX_FRAME_BYTES,
             tls: None,
+            quota: usize::MAX,
         }
     }
 }
@@ -147,6 +175,8 @@ pub struct GatewayStats {
     protocol_errors: AtomicU64,
     replaced: AtomicU64,
     tls_failures: AtomicU64,
+    redirected: AtomicU64,
+    refused_full: AtomicU64,
 }
 
 impl GatewayStats {
@@ -156,6 +186,16 @@ impl GatewayStats {
 
     fn tls_failure(&self) {
         self.tls_failures.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Hellos answered with a `Redirect` to another node.
+    pub fn redirected(&self) -> u64 {
+        self.redirected.load(Ordering::Relaxed)
+    }
+
+    /// Hellos refused because this node (and the cluster) was full.
+    pub fn refused_full(&self) -> u64 {
+        self.refused_full.load(Ordering::Relaxed)
     }
 
     /// Connections whose TLS handshake failed or did not finish in time.
@@ -191,6 +231,12 @@ pub struct Gateway {
     /// Upstream sends waiting for Kafka's acknowledgement (their answer
     /// goes back to the process); [`Gateway::serve`] waits for them.
     sends: TaskTracker,
+    /// Where new processes go; without it, every process is accepted here
+    /// while below the quota.
+    placement: std::sync::OnceLock<Arc<dyn PlacementPolicy>>,
+    /// New processes admitted and not registered yet: they count against
+    /// the quota.
+    admitting: std::sync::atomic::AtomicUsize,
 }
 
 impl std::fmt::Debug for Gateway {
@@ -221,7 +267,60 @@ impl Gateway {
             events,
             stats: GatewayStats::default(),
             sends: TaskTracker::new(),
+            placement: std::sync::OnceLock::new(),
+            admitting: std::sync::atomic::AtomicUsize::new(0),
         })
+    }
+
+    /// Sets the placement policy new processes are placed by (once, before
+    /// [`Gateway::serve`]); later calls are ignored.
+    pub fn set_placement(&self, policy: Arc<dyn PlacementPolicy>) {
+        let _ = self.placement.set(policy);
+    }
+
+    /// Decides where a Hello for `process_id` goes. A process connected
+    /// here already is always taken (a reconnect or a takeover); a new one
+    /// is placed by the policy when the client may be redirected, and is
+    /// accepted here only below the quota. The returned admission holds
+    /// its place under the quota until it is dropped (after registering).
+    pub(crate) async fn admit(
+        &self,
+        process_id: &str,
+        may_redirect: bool,
+    ) -> Result<Admission<'_>, Placement> {
+        if self.session(process_id).is_some() {
+            return Ok(Admission { gateway: None });
+        }
+        if may_redirect && let Some(policy) = self.placement.get() {
+            match policy.place(process_id, self.connection_count()).await {
+                Placement::Here => {}
+                elsewhere => return Err(self.count_placement(elsewhere)),
+            }
+        }
+        let taken = self.admitting.fetch_add(1, Ordering::SeqCst) + 1;
+        if self.connection_count() + taken > self.options.quota {
+            self.admitting.fetch_sub(1, Ordering::SeqCst);
+            return Err(self.count_placement(Placement::Full(format!(
+                "node {} is at its connection quota of {}; connect again later",
+                self.options.node_id, self.options.quota
+            ))));
+        }
+        Ok(Admission {
+            gateway: Some(self),
+        })
+    }
+
+    fn count_placement(&self, placement: Placement) -> Placement {
+        match &placement {
+            Placement::Here => {}
+            Placement::Elsewhere { .. } => {
+                self.stats.redirected.fetch_add(1, Ordering::Relaxed);
+            }
+            Placement::Full(_) => {
+                self.stats.refused_full.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        placement
     }
 
     /// Accepts connections on `listener` until `shutdown`, following
@@ -360,6 +459,20 @@ impl Gateway {
 
     fn lock_sessions(&self) -> std::sync::MutexGuard<'_, HashMap<String, Arc<Session>>> {
         self.sessions.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+/// A new process's place under the quota, from admission until it is
+/// registered (or its Hello fails).
+pub(crate) struct Admission<'a> {
+    gateway: Option<&'a Gateway>,
+}
+
+impl Drop for Admission<'_> {
+    fn drop(&mut self) {
+        if let Some(gateway) = self.gateway {
+            gateway.admitting.fetch_sub(1, Ordering::SeqCst);
+        }
     }
 }
 

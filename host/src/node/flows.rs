@@ -11,8 +11,8 @@ use anyhow::Context as _;
 use tokio_util::sync::CancellationToken;
 
 use crate::cluster::{
-    ClusterDelivery, ClusterListeners, ClusterRuntime, ClusterTarget, DeliveryPolicy, FlowUpstream,
-    ProcessRouter,
+    ClusterDelivery, ClusterFlow, ClusterListeners, ClusterRuntime, ClusterTarget, DeliveryPolicy,
+    FlowUpstream, ProcessRouter,
 };
 use crate::config::{ClusterConfig, DeliverConfig, FlowConfig, RelayConfig};
 use crate::flow::app::{AppClient, AppTarget};
@@ -57,11 +57,22 @@ pub(super) async fn start_cluster(
         cluster,
         listeners,
         links[&cluster.link].clone(),
-        upstream,
+        ClusterFlow {
+            upstream,
+            router: ProcessRouter::new(cluster_router(flow), registry.clone()),
+        },
         metrics,
     )
     .await?;
     Ok(Arc::new(runtime))
+}
+
+/// The router plugin of the cluster flow, if it has one.
+fn cluster_router(flow: &FlowConfig) -> Option<String> {
+    match &flow.deliver {
+        Some(DeliverConfig::Cluster(target)) => target.router.clone(),
+        _ => None,
+    }
 }
 
 fn data_return_chain(

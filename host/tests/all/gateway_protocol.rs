@@ -108,6 +108,7 @@ fn options() -> GatewayOptions {
         slow_consumer_timeout: Duration::from_millis(300),
         max_frame_bytes: 4096,
         tls: None,
+        quota: usize::MAX,
     }
 }
 
@@ -132,6 +133,7 @@ fn hello_with_token(process_id: &str, version: u32, token: &str) -> Frame {
         client_name: "test".to_string(),
         accepts_redirect: false,
         token: token.to_string(),
+        redirects: 0,
     }))
 }
 
@@ -642,4 +644,98 @@ async fn no_hello_in_time_is_refused() {
     let mut conn = connect(&node).await;
     let why = expect_error_and_close(&mut conn, ErrorCode::IdleTimeout).await;
     assert!(why.contains("Hello"), "{why}");
+}
+
+/// Sends `process_id` elsewhere when it starts with `away-`.
+struct AwayPlacement;
+
+impl wasmrelay::gateway::PlacementPolicy for AwayPlacement {
+    fn place(
+        &self,
+        process_id: &str,
+        _local_connections: usize,
+    ) -> BoxFuture<'static, wasmrelay::gateway::Placement> {
+        let placement = if process_id.starts_with("away-") {
+            wasmrelay::gateway::Placement::Elsewhere {
+                node_id: "node-b".to_string(),
+                address: "10.0.0.2:7400".to_string(),
+            }
+        } else {
+            wasmrelay::gateway::Placement::Here
+        };
+        futures::future::ready(placement).boxed()
+    }
+}
+
+/// A Hello for `process_id` that says whether it follows redirects and
+/// how many it followed.
+fn placed_hello(process_id: &str, accepts_redirect: bool, redirects: u32) -> Frame {
+    Frame::of(Kind::Hello(v1::Hello {
+        protocol_version: 1,
+        process_id: process_id.to_string(),
+        client_name: "test".to_string(),
+        accepts_redirect,
+        token: token(KEY, process_id),
+        redirects,
+    }))
+}
+
+#[tokio::test]
+async fn a_node_at_its_quota_refuses_new_processes_but_takes_back_its_own() {
+    let node = start(GatewayOptions {
+        quota: 2,
+        ..options()
+    })
+    .await;
+    let _p1 = register(&node, "p-1").await;
+    let _p2 = register(&node, "p-2").await;
+    let mut p3 = connect(&node).await;
+    p3.send(hello("p-3", 1)).await.unwrap();
+    let reason = expect_error_and_close(&mut p3, ErrorCode::NodeFull).await;
+    assert!(reason.contains("quota of 2"), "{reason}");
+    assert!(node.gateway.session("p-3").is_none());
+    assert_eq!(node.gateway.stats().refused_full(), 1);
+    // p-1 again (a reconnect or a takeover) is no new process.
+    let _again = register(&node, "p-1").await;
+    assert_eq!(node.gateway.connection_count(), 2);
+}
+
+#[tokio::test]
+async fn a_client_that_follows_redirects_is_placed_once_and_a_redirected_hello_is_taken() {
+    let node = start(options()).await;
+    node.gateway.set_placement(Arc::new(AwayPlacement));
+
+    let mut away = connect(&node).await;
+    away.send(placed_hello("away-1", true, 0)).await.unwrap();
+    let Some(Kind::Redirect(redirect)) = next(&mut away).await.unwrap().kind else {
+        panic!("expected a redirect");
+    };
+    assert_eq!(redirect.addresses, vec!["10.0.0.2:7400".to_string()]);
+    assert!(redirect.reason.contains("node-b"), "{}", redirect.reason);
+    assert!(
+        next(&mut away).await.is_none(),
+        "not closed after the redirect"
+    );
+    assert!(node.gateway.session("away-1").is_none());
+    assert_eq!(node.gateway.stats().redirected(), 1);
+
+    // Redirected here already, or not following redirects: taken here,
+    // whatever the policy says (no loops).
+    for (id, accepts, redirects) in [("away-2", true, 1), ("away-3", false, 0)] {
+        let mut conn = connect(&node).await;
+        conn.send(placed_hello(id, accepts, redirects))
+            .await
+            .unwrap();
+        assert!(
+            matches!(next(&mut conn).await.unwrap().kind, Some(Kind::Welcome(_))),
+            "{id} was not welcomed"
+        );
+    }
+    let mut here = connect(&node).await;
+    here.send(placed_hello("p-1", true, 0)).await.unwrap();
+    assert!(matches!(
+        next(&mut here).await.unwrap().kind,
+        Some(Kind::Welcome(_))
+    ));
+    assert_eq!(node.gateway.stats().redirected(), 1);
 }

@@ -82,6 +82,7 @@ fn hello(process_id: &str) -> Frame {
         client_name: "tls-test".to_string(),
         accepts_redirect: false,
         token: String::new(),
+        redirects: 0,
     }))
 }
 

@@ -89,6 +89,7 @@ async fn start_on(options: MeshOptions, mesh_addr: SocketAddr) -> Node {
             slow_consumer_timeout: Duration::from_secs(5),
             max_frame_bytes: MAX_FRAME,
             tls: None,
+            quota: usize::MAX,
         },
         // The mesh is under test here, not client authentication.
         wasmrelay::gateway::ClientAuth::none(),

@@ -8,14 +8,18 @@
 //!   as decimal, e.g. `42`); else `None` (no process: the relay retries and
 //!   dead-letters). A value that is not a JSON object also gives `None`.
 //!   Only the top level is parsed into values; the rest is skipped.
-//! * `place`: the SDK default, the live node with the most free quota.
+//! * `place`: a process whose id starts with `pin_prefix` goes to node
+//!   `pin_node` (when both are set and that node is among the candidates);
+//!   any other is left to the relay's built-in placement (`None`).
 //!
 //! Config keys:
 //!
-//! | key      | default      | meaning                                   |
-//! |----------|--------------|-------------------------------------------|
-//! | `header` | `process-id` | header naming the process                 |
-//! | `field`  | `process_id` | top-level JSON field naming the process   |
+//! | key          | default      | meaning                                   |
+//! |--------------|--------------|-------------------------------------------|
+//! | `header`     | `process-id` | header naming the process                 |
+//! | `field`      | `process_id` | top-level JSON field naming the process   |
+//! | `pin_prefix` | (none)       | process ids placed on `pin_node`          |
+//! | `pin_node`   | (none)       | the node those processes are placed on    |
 
 use std::fmt;
 use std::sync::OnceLock;
@@ -26,6 +30,7 @@ use wasmrelay_plugin_sdk::prelude::*;
 struct Config {
     header: String,
     field: String,
+    pin: Option<(String, String)>,
 }
 
 /// Config is fixed for the life of an instance, so it is read once.
@@ -34,6 +39,7 @@ fn cfg() -> &'static Config {
     CONFIG.get_or_init(|| Config {
         header: config::get_or("header", "process-id"),
         field: config::get_or("field", "process_id"),
+        pin: config::get("pin_prefix").zip(config::get("pin_node")),
     })
 }
 
@@ -157,6 +163,16 @@ impl Router for RouteByField {
             };
         }
         Ok(msg.value.as_deref().and_then(|v| field_of(v, &cfg.field)))
+    }
+
+    fn place(process_id: String, nodes: Vec<NodeLoad>) -> Result<Option<String>, String> {
+        Ok(match &cfg().pin {
+            Some((prefix, node)) if process_id.starts_with(prefix.as_str()) => nodes
+                .iter()
+                .find(|n| &n.node_id == node)
+                .map(|n| n.node_id.clone()),
+            _ => None,
+        })
     }
 }
 
