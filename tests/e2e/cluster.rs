@@ -579,6 +579,78 @@ async fn a_process_registered_twice_on_two_nodes_replaces_the_older_connection()
         )
         .await;
     assert_eq!(older.count(), 0);
+    // Compaction keeps the last record of each key: it must be node-b's
+    // route, not node-a's goodbye (a node started on the compacted topic
+    // would not know the process).
+    let routes = kafka
+        .consume_all("wasmrelay.routes", 1_000, Duration::from_secs(3))
+        .await;
+    let last = routes
+        .iter()
+        .rfind(|r| r.key.as_deref() == Some(b"twice".as_slice()))
+        .expect("a route record for the process");
+    let value: Value = serde_json::from_slice(last.value.as_deref().unwrap_or_else(|| {
+        panic!(
+            "the last record for the process is a tombstone: {:?}",
+            last.headers
+        )
+    }))
+    .unwrap();
+    assert_eq!(value["node"], "node-b", "{routes:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_that_missed_a_route_record_delivers_after_anti_entropy_well_before_the_ttl() {
+    let kafka = Tansu::start();
+    kafka.create_topic(BUSINESS, 2).await;
+    let refresh = "route_refresh_interval = \"3s\"";
+    // node-a's reader drops the route record of `missed` once: a broker
+    // that lost it.
+    let node_a = RelayProcess::start(
+        &node_config("node-a", &kafka.bootstrap(), refresh),
+        &[("WASMRELAY_TEST_DROP_ROUTE_RECORD", "missed")],
+    );
+    let mut cluster = Cluster { nodes: Vec::new() };
+    cluster
+        .nodes
+        .push(("node-a".to_string(), client_addr(&node_a), Some(node_a)));
+    cluster.start_node(&kafka, "node-b", refresh);
+    let mut pool = ProcessPool::default();
+    pool.connect(&[cluster.nodes[1].1.clone()], "missed", false)
+        .await;
+    cluster
+        .node(0)
+        .wait_for("node-a dropped the route", Duration::from_secs(10), || {
+            cluster.node(0).log().contains("dropping a route record")
+        })
+        .await;
+    // Messages for it on both partitions, from the moment it is missed:
+    // node-a's share waits for the route (well within the 30 s ttl).
+    kafka
+        .produce(
+            BUSINESS,
+            (0..20).map(|n| TestRecord::keyed("missed", format!("{n}")).in_partition(n % 2)),
+        )
+        .await;
+    let started = std::time::Instant::now();
+    cluster
+        .node(0)
+        .wait_for("node-a routes to node-b", Duration::from_secs(10), || {
+            get_json(&format!("{}/processes?id=missed", cluster.node(0).admin)).1["node"]
+                == "node-b"
+        })
+        .await;
+    cluster
+        .node(0)
+        .wait_for("every message delivered", Duration::from_secs(15), || {
+            pool.count() == 20
+        })
+        .await;
+    assert!(
+        started.elapsed() < Duration::from_secs(15),
+        "well before the ttl"
+    );
+    assert!(cluster.cluster_json(1)["stats"]["routes_republished"].as_u64() > Some(0));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

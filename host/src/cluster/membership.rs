@@ -101,6 +101,11 @@ pub struct ClusterView {
     /// The instance id of another instance beating with this node's id,
     /// while its heartbeats arrive within the node timeout.
     pub twin_instance: Option<String>,
+    /// Times this node's own heartbeats came back from the topic after a
+    /// gap of a node timeout or more (a stall, or Kafka out of reach):
+    /// other nodes saw it as not live meanwhile, and may have evicted its
+    /// routes.
+    pub rejoins: u64,
 }
 
 impl ClusterView {
@@ -346,6 +351,10 @@ pub async fn run_membership(
     let mut alarm = false;
     // Another instance with this node's id: its id and when it last beat.
     let mut twin: Option<(String, Instant)> = None;
+    // When this node's own last heartbeat came back from the topic, and
+    // how often one came back after a gap of a node timeout.
+    let mut own_read: Option<Instant> = None;
+    let mut rejoins = 0u64;
     // Readers drop a heartbeat not newer than the last of its instance, so
     // `sent_at_ms` never goes back, even when the clock does.
     let mut last_sent_ms = i64::MIN;
@@ -372,7 +381,14 @@ pub async fn run_membership(
                     }
                 };
                 if beat.node_id == self_id {
-                    if beat.instance_id != options.identity.instance_id {
+                    if beat.instance_id == options.identity.instance_id {
+                        let now = Instant::now();
+                        if own_read.is_some_and(|last| now.duration_since(last) >= options.node_timeout) {
+                            rejoins += 1;
+                            tracing::warn!(node = %self_id, "this node's heartbeats were not seen for the node timeout or more: other nodes saw it as not live");
+                        }
+                        own_read = Some(now);
+                    } else {
                         // Not inserted: this node's entry stays its own.
                         metrics.twin_heartbeats.inc();
                         if beat.leaving {
@@ -429,6 +445,7 @@ pub async fn run_membership(
         let next = ClusterView {
             alarm: firing,
             twin_instance,
+            rejoins,
             ..next
         };
         view.send_if_modified(|current| {
@@ -453,6 +470,7 @@ pub async fn run_membership(
 fn membership_changed(old: &ClusterView, new: &ClusterView) -> bool {
     old.alarm != new.alarm
         || old.twin_instance != new.twin_instance
+        || old.rejoins != new.rejoins
         || old.live != new.live
         || old.nodes.len() != new.nodes.len()
         || old
@@ -490,6 +508,7 @@ fn build_view(
         min_live_nodes: options.min_live_nodes,
         alarm: live < options.min_live_nodes,
         twin_instance: None,
+        rejoins: 0,
     }
 }
 

@@ -4,9 +4,10 @@
 //! A node writes `{"node": ..., "registered_at_ms": ..., "generation": ...}`
 //! when a process registers with it and a tombstone (no value, headers
 //! naming the node and the generation of the registration it ends) when the
-//! connection ends. Every record carries a MAC made with the cluster secret
-//! (header `wasmrelay-mac`; the format is in `docs/CLUSTER-RECORDS.md`): a
-//! record or tombstone without a good one is ignored, logged and counted in
+//! connection ends without a successor elsewhere. Every record carries a
+//! MAC made with the cluster secret (header `wasmrelay-mac`; the format is
+//! in `docs/CLUSTER-RECORDS.md`): a record or tombstone without a good one
+//! is ignored, logged and counted in
 //! `wasmrelay_cluster_records_rejected_total`. Every node reads the topic
 //! from the beginning at start, then follows it.
 //!
@@ -20,19 +21,34 @@
 //! replayed goodbye). Tombstones stay null values, so compaction still
 //! removes the process ids that left.
 //!
+//! Compaction keeps only the last record of a key, so the last record must
+//! be the holder's route. A session replaced by a newer registration on
+//! another node writes no tombstone, and the node holding a process writes
+//! its route again whenever it reads, after its own, a record for that
+//! process that is not its latest route (a goodbye or an older route that
+//! lost a race): whatever the interleaving, the holder has the last word.
+//! The same write runs as anti-entropy ([`refresh_routes`]): every node
+//! writes the routes of its sessions again on a slow period, paced, and at
+//! once when it rejoins (its own heartbeats came back after a gap of a node
+//! timeout: others may have evicted its routes), so a node that missed a
+//! record (a broker that lost it) learns it within a period.
+//!
 //! When a route names another node for a process that is connected here
 //! with an older registration, the local connection is replaced: the
 //! process registered twice, and the newer one wins, cluster-wide. Routes of
-//! nodes that are not live are ignored (a node that misses a few heartbeats
-//! under load keeps its routes for when it is back), and dropped once
-//! membership forgets the node.
+//! nodes that are not live are ignored, and evicted once their node has not
+//! been live for a node timeout (a node that misses a few heartbeats under
+//! load keeps its routes; one that comes back later writes them again). The
+//! node names are interned and pruned with their last route, so memory
+//! follows the processes of live nodes.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
-use tokio::sync::{mpsc, watch};
+use tokio::sync::{Notify, mpsc, watch};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use wasmrelay_protocol::mesh_auth::{Key, record_mac, verify_record_mac};
@@ -54,6 +70,15 @@ pub const ROUTE_GENERATION_HEADER: &str = "wasmrelay-generation";
 const ROUTE_KIND: &str = "route";
 /// The record kind in a route tombstone's MAC.
 const REMOVAL_KIND: &str = "route-removal";
+
+/// Routes written again per refresh step.
+const REFRESH_BATCH: usize = 50;
+/// The fastest a refresh writes routes again, records per second: 100,000
+/// sessions take 50 s when a node rejoins, and never come as one burst.
+const MAX_REFRESH_RATE: u32 = 2000;
+/// Republish requests written per turn of the publisher, so registrations
+/// are not held up behind a long refresh.
+const REPUBLISH_TURN: usize = 64;
 
 /// The value of a route record.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -77,16 +102,41 @@ struct Route {
     position: Position,
 }
 
-/// Registrations of processes connected here: the connection and, once
-/// Kafka acknowledged the route record, its position.
+/// A registration of a process connected here.
+#[derive(Clone, Copy, Debug)]
+struct LocalRoute {
+    connection: u64,
+    generation: u64,
+    registered_at_ms: i64,
+    /// Where Kafka put its latest route record, once acknowledged.
+    position: Option<Position>,
+}
+
+/// Registrations of processes connected here.
 #[derive(Debug, Default)]
 struct LocalRoutes {
-    by_process: HashMap<String, (u64, Option<Position>)>,
+    by_process: HashMap<String, LocalRoute>,
     /// The generation of each local connection's route, by connection id,
     /// for its tombstone.
     generations: HashMap<u64, u64>,
     /// The largest generation this node gave out.
     last_generation: u64,
+}
+
+/// Processes whose route this node is to write again, each once.
+#[derive(Debug, Default)]
+struct Republish {
+    pending: Mutex<(VecDeque<String>, HashSet<String>)>,
+    ready: Notify,
+}
+
+/// A record of the routes topic as far as the holder of its process cares.
+struct Seen<'a> {
+    node: &'a str,
+    generation: u64,
+    partition: i32,
+    offset: i64,
+    tombstone: bool,
 }
 
 /// Why a route record was ignored (the `reason` label).
@@ -120,11 +170,21 @@ fn removal_mac(key: &Key, process_id: &[u8], node: &str, generation: u64) -> Vec
 pub struct RouteTable {
     self_id: String,
     key: Key,
+    /// How long a node may stay not live before its routes are evicted.
+    node_timeout: Duration,
     routes: Mutex<HashMap<String, Route>>,
     local: Mutex<LocalRoutes>,
-    nodes: Mutex<HashMap<String, Arc<str>>>,
+    /// The node names routes use, interned, with since when each has not
+    /// been live (`None` while live); pruned with their last route.
+    nodes: Mutex<HashMap<Arc<str>, Option<Instant>>>,
     live: arc_swap::ArcSwap<HashSet<String>>,
-    known: Mutex<HashSet<String>>,
+    republish: Republish,
+    /// Times this node rejoined (from the cluster view) taken so far.
+    rejoins: AtomicU64,
+    /// Woken when this node rejoined: its routes are written again.
+    rejoined: Notify,
+    /// Routes written again since start (holder's last word, refreshes).
+    republished: AtomicU64,
     gateway: Arc<Gateway>,
     caught_up: watch::Sender<Option<CatchUp>>,
     metrics: ClusterMetrics,
@@ -144,21 +204,27 @@ pub struct CatchUp {
 impl RouteTable {
     /// An empty table for node `self_id`, replacing local connections of
     /// `gateway` when their process registered elsewhere; `key` makes and
-    /// checks the records' MACs.
+    /// checks the records' MACs; routes of a node not live for
+    /// `node_timeout` are evicted.
     pub fn new(
         self_id: &str,
         key: Key,
+        node_timeout: Duration,
         gateway: Arc<Gateway>,
         metrics: ClusterMetrics,
     ) -> Arc<RouteTable> {
         Arc::new(RouteTable {
             self_id: self_id.to_string(),
             key,
+            node_timeout,
             routes: Mutex::new(HashMap::new()),
             local: Mutex::new(LocalRoutes::default()),
             nodes: Mutex::new(HashMap::new()),
             live: arc_swap::ArcSwap::from_pointee(HashSet::new()),
-            known: Mutex::new(HashSet::new()),
+            republish: Republish::default(),
+            rejoins: AtomicU64::new(0),
+            rejoined: Notify::new(),
+            republished: AtomicU64::new(0),
             gateway,
             caught_up: watch::channel(None).0,
             metrics,
@@ -187,6 +253,17 @@ impl RouteTable {
     /// True when the table has no route.
     pub fn is_empty(&self) -> bool {
         self.len() == 0
+    }
+
+    /// Node names the table holds (those its routes name).
+    pub fn node_names(&self) -> usize {
+        lock(&self.nodes).len()
+    }
+
+    /// Routes this node wrote again since start: as the holder's last word
+    /// after a goodbye or an older route, and as anti-entropy.
+    pub fn republished(&self) -> u64 {
+        self.republished.load(Ordering::Relaxed)
     }
 
     /// Resolves once the table has been read to the end of the topic.
@@ -246,14 +323,25 @@ impl RouteTable {
                     reject(&self.metrics, record, "bad_mac", bad_mac);
                     return;
                 }
-                let mut routes = lock(&self.routes);
-                // Only the route it ends: same node, same generation.
-                if routes
-                    .get(process_id)
-                    .is_some_and(|route| *route.node == *writer && route.position.0 == generation)
                 {
-                    routes.remove(process_id);
+                    let mut routes = lock(&self.routes);
+                    // Only the route it ends: same node, same generation.
+                    if routes.get(process_id).is_some_and(|route| {
+                        *route.node == *writer && route.position.0 == generation
+                    }) {
+                        routes.remove(process_id);
+                    }
                 }
+                self.reassert_if_held(
+                    process_id,
+                    &Seen {
+                        node: writer,
+                        generation,
+                        partition: record.partition,
+                        offset: record.offset,
+                        tombstone: true,
+                    },
+                );
             }
             Some(value) => {
                 if !verify_record_mac(&self.key, ROUTE_KIND, &[process_id.as_bytes(), value], mac) {
@@ -296,6 +384,16 @@ impl RouteTable {
                 if newer && *node != *self.self_id {
                     self.replace_if_older(process_id, &node, position);
                 }
+                self.reassert_if_held(
+                    process_id,
+                    &Seen {
+                        node: &route.node,
+                        generation: route.generation,
+                        partition: record.partition,
+                        offset: record.offset,
+                        tombstone: false,
+                    },
+                );
             }
         }
         self.metrics
@@ -303,39 +401,178 @@ impl RouteTable {
             .set(i64::try_from(self.len()).unwrap_or(i64::MAX));
     }
 
-    /// Follows membership: routes to nodes not live in `view` are ignored
-    /// from now on, and those of nodes membership forgot (listed before,
-    /// gone from `view` after a long silence) are dropped. Routes of nodes
-    /// not heard of yet (read before their first heartbeat) are kept.
+    /// After reading `seen` for `process_id`: if the process is connected
+    /// here and `seen` is neither this node's latest route for it nor a
+    /// newer registration elsewhere, and it sits after this node's route in
+    /// the topic, the route is written again, so that compaction (which
+    /// keeps a key's last record) keeps the holder's route.
+    fn reassert_if_held(&self, process_id: &str, seen: &Seen<'_>) {
+        let Some(local) = lock(&self.local).by_process.get(process_id).copied() else {
+            return;
+        };
+        let own = seen.node == self.self_id;
+        let stale = match (own, seen.tombstone) {
+            // A goodbye of this or an older registration here: a replay.
+            (true, true) => seen.generation <= local.generation,
+            // An older route of this node's.
+            (true, false) => seen.generation < local.generation,
+            // Another node's goodbye or route older than the session here
+            // (an equal generation is ordered by offset, settled when
+            // Kafka acknowledges the local route; a newer one replaces the
+            // session here).
+            (false, _) => seen.generation < local.generation,
+        };
+        if !stale {
+            return;
+        }
+        match local.position {
+            // The route here already comes after it.
+            Some((_, partition, offset)) if partition == seen.partition && offset > seen.offset => {
+                return;
+            }
+            // This node's own earlier record: the route in flight follows
+            // it on the same partition.
+            None if own => return,
+            _ => {}
+        }
+        tracing::debug!(process = %process_id, node = %seen.node, generation = seen.generation, offset = seen.offset, tombstone = seen.tombstone, "a record after this node's route for a process connected here; writing the route again");
+        self.request_republish(std::iter::once(process_id));
+    }
+
+    /// Asks the publisher to write the routes of `processes` again (those
+    /// still connected here when it gets to them).
+    fn request_republish<'a>(&self, processes: impl IntoIterator<Item = &'a str>) {
+        let mut pending = lock(&self.republish.pending);
+        let (queue, queued) = &mut *pending;
+        for process in processes {
+            if queued.insert(process.to_string()) {
+                queue.push_back(process.to_string());
+            }
+        }
+        drop(pending);
+        self.republish.ready.notify_one();
+    }
+
+    /// Up to `max` processes whose routes are to be written again.
+    fn take_republish(&self, max: usize) -> (Vec<String>, bool) {
+        let mut pending = lock(&self.republish.pending);
+        let (queue, queued) = &mut *pending;
+        let take: Vec<String> = queue.drain(..max.min(queue.len())).collect();
+        for process in &take {
+            queued.remove(process);
+        }
+        (take, !queue.is_empty())
+    }
+
+    /// The processes connected here, as this node published them.
+    fn local_processes(&self) -> Vec<String> {
+        lock(&self.local).by_process.keys().cloned().collect()
+    }
+
+    /// The route record of `process_id` connected here written again, and
+    /// its connection and generation; `None` when it is not connected here
+    /// any more or a newer route elsewhere is replacing it.
+    fn route_again(&self, process_id: &str) -> Option<(OutputRecord, (u64, u64))> {
+        let local = lock(&self.local).by_process.get(process_id).copied()?;
+        let replaced = lock(&self.routes)
+            .get(process_id)
+            .is_some_and(|r| *r.node != *self.self_id && r.position.0 > local.generation);
+        if replaced {
+            return None;
+        }
+        self.republished.fetch_add(1, Ordering::Relaxed);
+        Some((
+            self.route_record(process_id, local.registered_at_ms, local.generation),
+            (local.connection, local.generation),
+        ))
+    }
+
+    /// The record of this node's route for `process_id`.
+    fn route_record(
+        &self,
+        process_id: &str,
+        registered_at_ms: i64,
+        generation: u64,
+    ) -> OutputRecord {
+        let value = RouteValue {
+            node: self.self_id.clone(),
+            registered_at_ms,
+            generation,
+        };
+        let value = serde_json::to_vec(&value).unwrap_or_default();
+        let mac = route_mac(&self.key, process_id.as_bytes(), &value);
+        OutputRecord {
+            key: Some(process_id.as_bytes().to_vec()),
+            value: Some(value),
+            headers: vec![(MAC_HEADER.to_string(), mac)],
+        }
+    }
+
+    /// Follows membership (see [`RouteTable::follow_view_at`]), now.
     pub fn follow_view(&self, view: &ClusterView) {
+        self.follow_view_at(view, Instant::now());
+    }
+
+    /// Follows membership at `now`: routes to nodes not live in `view` are
+    /// ignored from now on, and the clock of their eviction starts; when
+    /// this node rejoined, its routes are written again.
+    pub fn follow_view_at(&self, view: &ClusterView, now: Instant) {
         let live: HashSet<String> = view
             .nodes
             .values()
             .filter(|n| n.live)
             .map(|n| n.heartbeat.node_id.clone())
             .collect();
+        {
+            let mut nodes = lock(&self.nodes);
+            for (name, down_since) in nodes.iter_mut() {
+                if live.contains(&**name) {
+                    *down_since = None;
+                } else if down_since.is_none() {
+                    *down_since = Some(now);
+                }
+            }
+        }
         self.live.store(Arc::new(live));
-        let listed: HashSet<String> = view.nodes.keys().cloned().collect();
-        let forgotten: HashSet<String> = {
-            let mut known = lock(&self.known);
-            let forgotten = known.difference(&listed).cloned().collect();
-            *known = listed;
-            forgotten
-        };
-        if forgotten.is_empty() {
-            return;
+        if view.rejoins > self.rejoins.swap(view.rejoins, Ordering::Relaxed) {
+            tracing::info!(
+                processes = lock(&self.local).by_process.len(),
+                "this node rejoined the cluster; writing the routes of its processes again"
+            );
+            self.rejoined.notify_one();
         }
-        let mut routes = lock(&self.routes);
-        let before = routes.len();
-        routes.retain(|_, r| !forgotten.contains(&*r.node));
-        let dropped = before - routes.len();
-        drop(routes);
-        if dropped > 0 {
-            tracing::info!(dropped, "dropped the routes of nodes gone for good");
-            self.metrics
-                .routes
-                .set(i64::try_from(self.len()).unwrap_or(i64::MAX));
+    }
+
+    /// Evicts the routes of nodes that have not been live for the node
+    /// timeout at `now` (never this node's), and forgets node names no
+    /// route uses any more.
+    pub fn evict_dead(&self, now: Instant) {
+        let dead: HashSet<Arc<str>> = lock(&self.nodes)
+            .iter()
+            .filter(|(name, down_since)| {
+                ***name != *self.self_id
+                    && down_since.is_some_and(|since| {
+                        now.saturating_duration_since(since) >= self.node_timeout
+                    })
+            })
+            .map(|(name, _)| name.clone())
+            .collect();
+        if !dead.is_empty() {
+            let mut routes = lock(&self.routes);
+            let before = routes.len();
+            routes.retain(|_, r| !dead.contains(&r.node));
+            let evicted = before - routes.len();
+            drop(routes);
+            if evicted > 0 {
+                tracing::info!(evicted, nodes = ?dead, "evicted the routes of nodes not live for the node timeout");
+                self.metrics
+                    .routes
+                    .set(i64::try_from(self.len()).unwrap_or(i64::MAX));
+            }
         }
+        drop(dead);
+        // A name only this map holds names no route.
+        lock(&self.nodes).retain(|name, _| Arc::strong_count(name) > 1);
     }
 
     /// Notes a local registration (connection `connection_id`) whose route
@@ -345,7 +582,9 @@ impl RouteTable {
         {
             let mut local = lock(&self.local);
             match local.by_process.get_mut(process_id) {
-                Some((connection, slot)) if *connection == connection_id => *slot = Some(position),
+                Some(route) if route.connection == connection_id => {
+                    route.position = Some(position);
+                }
                 _ => return,
             }
         }
@@ -363,7 +602,10 @@ impl RouteTable {
 
     fn replace_if_older(&self, process_id: &str, node: &str, position: Position) {
         let local = lock(&self.local).by_process.get(process_id).copied();
-        if let Some((_, Some(local_position))) = local
+        if let Some(LocalRoute {
+            position: Some(local_position),
+            ..
+        }) = local
             && local_position < position
         {
             self.gateway.replace_local(
@@ -374,9 +616,9 @@ impl RouteTable {
     }
 
     /// Notes a local registration of `process_id` (connection
-    /// `connection_id`) and gives its route a generation larger than the
-    /// route known for the process, than any this node gave out, and than
-    /// `now_ms`.
+    /// `connection_id`, at `now_ms`) and gives its route a generation
+    /// larger than the route known for the process, than any this node
+    /// gave out, and than `now_ms`.
     fn next_generation(&self, process_id: &str, now_ms: i64, connection_id: u64) -> u64 {
         let known = lock(&self.routes)
             .get(process_id)
@@ -387,18 +629,84 @@ impl RouteTable {
             .max(known + 1)
             .max(local.last_generation + 1);
         local.last_generation = generation;
-        local
-            .by_process
-            .insert(process_id.to_string(), (connection_id, None));
+        let older = local.by_process.insert(
+            process_id.to_string(),
+            LocalRoute {
+                connection: connection_id,
+                generation,
+                registered_at_ms: now_ms,
+                position: None,
+            },
+        );
+        // A connection replaced by a newer one here ends without a goodbye
+        // of its own.
+        if let Some(older) = older
+            && older.connection != connection_id
+        {
+            local.generations.remove(&older.connection);
+        }
         local.generations.insert(connection_id, generation);
         generation
     }
 
+    /// Notes that connection `connection_id` of `process_id` ended, and
+    /// returns the tombstone of its route; `None` when it has no route to
+    /// end (never registered here) or was replaced by a newer registration
+    /// elsewhere (that route is the process's, and a goodbye after it would
+    /// be the key's last record once compacted).
+    fn goodbye(&self, process_id: &str, connection_id: u64) -> Option<OutputRecord> {
+        let generation = {
+            let mut local = lock(&self.local);
+            if local
+                .by_process
+                .get(process_id)
+                .is_some_and(|route| route.connection == connection_id)
+            {
+                local.by_process.remove(process_id);
+            }
+            local.generations.remove(&connection_id)
+        }?;
+        let successor = lock(&self.routes)
+            .get(process_id)
+            .filter(|r| *r.node != *self.self_id && r.position.0 >= generation)
+            .map(|r| r.node.clone());
+        if let Some(node) = successor {
+            tracing::debug!(process = %process_id, %node, "no route tombstone: the process registered again on another node");
+            return None;
+        }
+        let mac = removal_mac(&self.key, process_id.as_bytes(), &self.self_id, generation);
+        Some(OutputRecord {
+            key: Some(process_id.as_bytes().to_vec()),
+            value: None,
+            headers: vec![
+                (
+                    ROUTE_NODE_HEADER.to_string(),
+                    self.self_id.as_bytes().to_vec(),
+                ),
+                (
+                    ROUTE_GENERATION_HEADER.to_string(),
+                    generation.to_string().into_bytes(),
+                ),
+                (MAC_HEADER.to_string(), mac),
+            ],
+        })
+    }
+
+    /// The interned name of `node`; a node not live starts its eviction
+    /// clock, and a route just written by one restarts it.
     fn intern(&self, node: &str) -> Arc<str> {
-        lock(&self.nodes)
-            .entry(node.to_string())
-            .or_insert_with(|| Arc::from(node))
-            .clone()
+        let live = self.live.load().contains(node);
+        let mut nodes = lock(&self.nodes);
+        if let Some((name, down_since)) = nodes.get_key_value(node) {
+            let name = name.clone();
+            if down_since.is_some() && !live {
+                nodes.insert(name.clone(), Some(Instant::now()));
+            }
+            return name;
+        }
+        let name: Arc<str> = Arc::from(node);
+        nodes.insert(name.clone(), (!live).then(Instant::now));
+        name
     }
 }
 
@@ -406,9 +714,15 @@ fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     mutex.lock().unwrap_or_else(|e| e.into_inner())
 }
 
+/// Names a process whose next route record (not a tombstone) this node's
+/// reader drops, once: fault injection for the tests, standing for a
+/// broker that lost a record. It can only make a node miss a route, never
+/// take one that was not written with the cluster secret.
+pub const DROP_ROUTE_ONCE_ENV: &str = "WASMRELAY_TEST_DROP_ROUTE_RECORD";
+
 /// Reads the routes topic into `table` until `shutdown`: from the beginning
-/// (reporting the catch-up), then following it; drops the routes of nodes
-/// that stop being live.
+/// (reporting the catch-up), then following it; follows membership, and
+/// evicts the routes of nodes not live for the node timeout.
 pub async fn follow_routes(
     table: Arc<RouteTable>,
     mut records: mpsc::Receiver<TailEvent>,
@@ -417,9 +731,13 @@ pub async fn follow_routes(
 ) {
     let started = Instant::now();
     let mut read = 0u64;
+    let mut drop_once = std::env::var(DROP_ROUTE_ONCE_ENV).ok();
+    let mut sweep = tokio::time::interval((table.node_timeout / 4).max(Duration::from_millis(100)));
+    sweep.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tokio::select! {
             _ = shutdown.cancelled() => return,
+            _ = sweep.tick() => table.evict_dead(Instant::now()),
             changed = view.changed() => {
                 if changed.is_err() { return; }
                 let current = view.borrow_and_update().clone();
@@ -429,6 +747,13 @@ pub async fn follow_routes(
                 None => return,
                 Some(TailEvent::Record(record)) => {
                     read += 1;
+                    if record.value.is_some()
+                        && drop_once.as_deref().is_some_and(|p| record.key.as_deref() == Some(p.as_bytes()))
+                    {
+                        drop_once = None;
+                        tracing::warn!(process = ?String::from_utf8_lossy(record.key.as_deref().unwrap_or_default()), offset = record.offset, "dropping a route record ({DROP_ROUTE_ONCE_ENV})");
+                        continue;
+                    }
                     table.apply(&record);
                 }
                 Some(TailEvent::CaughtUp) => {
@@ -445,9 +770,49 @@ pub async fn follow_routes(
     }
 }
 
+/// Anti-entropy until `shutdown`: every `interval`, and at once when this
+/// node rejoins, the routes of the processes connected here are written
+/// again, spread over half the interval (at once on a rejoin) and never
+/// faster than [`MAX_REFRESH_RATE`] records a second.
+pub async fn refresh_routes(
+    table: Arc<RouteTable>,
+    interval: Duration,
+    shutdown: CancellationToken,
+) {
+    loop {
+        let rejoin = tokio::select! {
+            _ = shutdown.cancelled() => return,
+            _ = tokio::time::sleep(interval) => false,
+            _ = table.rejoined.notified() => true,
+        };
+        let processes = table.local_processes();
+        if processes.is_empty() {
+            continue;
+        }
+        let span = if rejoin { Duration::ZERO } else { interval / 2 };
+        let steps = u32::try_from(processes.len().div_ceil(REFRESH_BATCH)).unwrap_or(u32::MAX);
+        let pause =
+            (span / steps).max(Duration::from_secs(1) * REFRESH_BATCH as u32 / MAX_REFRESH_RATE);
+        tracing::debug!(
+            processes = processes.len(),
+            rejoin,
+            ?pause,
+            "writing the routes of the processes connected here again"
+        );
+        for batch in processes.chunks(REFRESH_BATCH) {
+            table.request_republish(batch.iter().map(String::as_str));
+            tokio::select! {
+                _ = shutdown.cancelled() => return,
+                _ = tokio::time::sleep(pause) => {}
+            }
+        }
+    }
+}
+
 /// Publishes this node's registrations and unregistrations (from the
-/// gateway's events) to the routes topic until `shutdown`. A route record is
-/// retried until Kafka takes it.
+/// gateway's events), and the routes the table asks to write again, to the
+/// routes topic until `shutdown`. A route record is retried until Kafka
+/// takes it.
 pub async fn publish_routes(
     table: Arc<RouteTable>,
     link: Arc<KafkaLink>,
@@ -462,8 +827,15 @@ pub async fn publish_routes(
     acks.wait().await;
 }
 
-/// Writes each registration event's record in event order until `shutdown`;
-/// acknowledgements (and rewrites of a refused record) run on `acks`.
+/// What the publisher does next.
+enum Next {
+    Event(RegistrationEvent),
+    Republish,
+}
+
+/// Writes each registration event's record in event order, and the routes
+/// to write again between events, until `shutdown`; acknowledgements (and
+/// rewrites of a refused record) run on `acks`.
 async fn publish_in_order(
     table: &Arc<RouteTable>,
     link: &Arc<KafkaLink>,
@@ -473,9 +845,42 @@ async fn publish_in_order(
     shutdown: &CancellationToken,
 ) {
     loop {
-        let event = tokio::select! {
+        let next = tokio::select! {
+            biased;
             _ = shutdown.cancelled() => return,
-            event = events.recv() => match event { Some(event) => event, None => return },
+            event = events.recv() => match event { Some(event) => Next::Event(event), None => return },
+            _ = table.republish.ready.notified() => Next::Republish,
+        };
+        let event = match next {
+            Next::Event(event) => event,
+            Next::Republish => {
+                let (processes, more) = table.take_republish(REPUBLISH_TURN);
+                for process_id in processes {
+                    // Checked now, in order with the events: a process gone
+                    // since the request gets no route after its goodbye.
+                    let Some((record, connection)) = table.route_again(&process_id) else {
+                        continue;
+                    };
+                    if !write(
+                        table,
+                        link,
+                        topic,
+                        acks,
+                        shutdown,
+                        process_id,
+                        record,
+                        Some(connection),
+                    )
+                    .await
+                    {
+                        return;
+                    }
+                }
+                if more {
+                    table.republish.ready.notify_one();
+                }
+                continue;
+            }
         };
         let (process_id, record, connection) = match event {
             RegistrationEvent::Registered {
@@ -485,106 +890,85 @@ async fn publish_in_order(
                 let registered_at_ms = super::now_ms();
                 let generation =
                     table.next_generation(&process_id, registered_at_ms, connection_id);
-                let value = RouteValue {
-                    node: table.self_id.clone(),
-                    registered_at_ms,
-                    generation,
-                };
-                let value = serde_json::to_vec(&value).unwrap_or_default();
-                let mac = route_mac(&table.key, process_id.as_bytes(), &value);
-                let record = OutputRecord {
-                    key: Some(process_id.as_bytes().to_vec()),
-                    value: Some(value),
-                    headers: vec![(MAC_HEADER.to_string(), mac)],
-                };
+                let record = table.route_record(&process_id, registered_at_ms, generation);
                 (process_id, record, Some((connection_id, generation)))
             }
             RegistrationEvent::Unregistered {
                 process_id,
                 connection_id,
             } => {
-                let generation = {
-                    let mut local = lock(&table.local);
-                    if local
-                        .by_process
-                        .get(&process_id)
-                        .is_some_and(|(c, _)| *c == connection_id)
-                    {
-                        local.by_process.remove(&process_id);
-                    }
-                    local.generations.remove(&connection_id)
-                };
-                // A connection never registered here has no route to end.
-                let Some(generation) = generation else {
+                let Some(record) = table.goodbye(&process_id, connection_id) else {
                     continue;
-                };
-                let mac = removal_mac(
-                    &table.key,
-                    process_id.as_bytes(),
-                    &table.self_id,
-                    generation,
-                );
-                let record = OutputRecord {
-                    key: Some(process_id.as_bytes().to_vec()),
-                    value: None,
-                    headers: vec![
-                        (
-                            ROUTE_NODE_HEADER.to_string(),
-                            table.self_id.as_bytes().to_vec(),
-                        ),
-                        (
-                            ROUTE_GENERATION_HEADER.to_string(),
-                            generation.to_string().into_bytes(),
-                        ),
-                        (MAC_HEADER.to_string(), mac),
-                    ],
                 };
                 (process_id, record, None)
             }
         };
-        // Enqueue in event order; wait for the acknowledgement aside.
-        let ack = loop {
-            match link.producer().enqueue(topic, &record).await {
-                Ok(ack) => break ack,
-                Err(error) => {
-                    tracing::warn!(%topic, process = %process_id, %error, "writing a route failed; retrying");
-                    tokio::select! {
-                        _ = shutdown.cancelled() => return,
-                        _ = tokio::time::sleep(std::time::Duration::from_millis(200)) => {}
+        if !write(
+            table, link, topic, acks, shutdown, process_id, record, connection,
+        )
+        .await
+        {
+            return;
+        }
+    }
+}
+
+/// Enqueues `record` (the route or tombstone of `process_id`) in call order
+/// and waits for its acknowledgement aside, noting where a route of
+/// `connection` (its id and generation) landed; false on `shutdown`.
+#[allow(clippy::too_many_arguments)]
+async fn write(
+    table: &Arc<RouteTable>,
+    link: &Arc<KafkaLink>,
+    topic: &str,
+    acks: &TaskTracker,
+    shutdown: &CancellationToken,
+    process_id: String,
+    record: OutputRecord,
+    connection: Option<(u64, u64)>,
+) -> bool {
+    let ack = loop {
+        match link.producer().enqueue(topic, &record).await {
+            Ok(ack) => break ack,
+            Err(error) => {
+                tracing::warn!(%topic, process = %process_id, %error, "writing a route failed; retrying");
+                tokio::select! {
+                    _ = shutdown.cancelled() => return false,
+                    _ = tokio::time::sleep(Duration::from_millis(200)) => {}
+                }
+            }
+        }
+    };
+    let table = table.clone();
+    let link = link.clone();
+    let topic = topic.to_string();
+    let shutdown = shutdown.clone();
+    acks.spawn(async move {
+        let delivered = match ack.await {
+            Ok(delivered) => delivered,
+            Err(error) => {
+                tracing::warn!(%topic, process = %process_id, %error, "a route was not written; writing it again");
+                loop {
+                    match link.producer().send(&topic, &record).await {
+                        Ok(delivered) => break delivered,
+                        Err(_) => tokio::select! {
+                            // The route is written again by the next refresh.
+                            _ = shutdown.cancelled() => return,
+                            _ = tokio::time::sleep(Duration::from_millis(200)) => {}
+                        },
                     }
                 }
             }
         };
-        let table = table.clone();
-        let link = link.clone();
-        let topic = topic.to_string();
-        let shutdown = shutdown.clone();
-        acks.spawn(async move {
-            let delivered = match ack.await {
-                Ok(delivered) => delivered,
-                Err(error) => {
-                    tracing::warn!(%topic, process = %process_id, %error, "a route was not written; writing it again");
-                    loop {
-                        match link.producer().send(&topic, &record).await {
-                            Ok(delivered) => break delivered,
-                            Err(_) => tokio::select! {
-                                // The route is written again when the process registers anew.
-                                _ = shutdown.cancelled() => return,
-                                _ = tokio::time::sleep(std::time::Duration::from_millis(200)) => {}
-                            },
-                        }
-                    }
-                }
-            };
-            if let Some((connection_id, generation)) = connection {
-                table.local_registered(
-                    &process_id,
-                    connection_id,
-                    (generation, delivered.partition, delivered.offset),
-                );
-            }
-        });
-    }
+        if let Some((connection_id, generation)) = connection {
+            table.local_registered(
+                &process_id,
+                connection_id,
+                (generation, delivered.partition, delivered.offset),
+            );
+        }
+    });
+    true
 }
 
 #[cfg(test)]
@@ -603,6 +987,8 @@ mod tests {
         }
     }
 
+    const TIMEOUT: Duration = Duration::from_secs(5);
+
     fn table() -> Arc<RouteTable> {
         let gateway = Gateway::new(
             Default::default(),
@@ -610,7 +996,7 @@ mod tests {
             Arc::new(NoUpstream),
             None,
         );
-        RouteTable::new("a", key(), gateway, ClusterMetrics::default())
+        RouteTable::new("a", key(), TIMEOUT, gateway, ClusterMetrics::default())
     }
 
     fn key() -> Key {
@@ -795,29 +1181,257 @@ mod tests {
         }
     }
 
+    /// `table` registers `process` on connection `connection` and Kafka
+    /// acknowledges its route at `offset`; the route record is returned.
+    fn register_here(
+        table: &RouteTable,
+        process: &str,
+        connection: u64,
+        offset: i64,
+    ) -> InputRecord {
+        let generation = table.next_generation(process, offset, connection);
+        table.local_registered(process, connection, (generation, 0, offset));
+        let record = table.route_record(process, offset, generation);
+        InputRecord {
+            topic: "routes".into(),
+            partition: 0,
+            offset,
+            key: record.key,
+            value: record.value,
+            headers: record.headers,
+            timestamp_ms: None,
+        }
+    }
+
+    /// An output record as read back at `offset`.
+    fn read_back(record: OutputRecord, offset: i64) -> InputRecord {
+        InputRecord {
+            topic: "routes".into(),
+            partition: 0,
+            offset,
+            key: record.key,
+            value: record.value,
+            headers: record.headers,
+            timestamp_ms: None,
+        }
+    }
+
+    /// What a node that reads only the last record of each key (a compacted
+    /// topic) makes of `records`.
+    fn compacted(records: &[InputRecord]) -> Vec<InputRecord> {
+        let mut last: HashMap<Vec<u8>, InputRecord> = HashMap::new();
+        for record in records {
+            last.insert(record.key.clone().unwrap(), record.clone());
+        }
+        let mut records: Vec<InputRecord> = last.into_values().collect();
+        records.sort_by_key(|r| r.offset);
+        records
+    }
+
+    fn table_of(node: &str) -> Arc<RouteTable> {
+        let gateway = Gateway::new(
+            Default::default(),
+            crate::gateway::ClientAuth::none(),
+            Arc::new(NoUpstream),
+            None,
+        );
+        RouteTable::new(node, key(), TIMEOUT, gateway, ClusterMetrics::default())
+    }
+
     #[test]
-    fn routes_of_dead_nodes_are_ignored_then_dropped_when_forgotten() {
+    fn a_session_replaced_on_another_node_leaves_no_tombstone() {
+        let b = table_of("b");
+        let on_b = register_here(&b, "p", 1, 1);
+        b.apply(&on_b);
+        // p registers on c: b reads c's route, its session is replaced and
+        // ends.
+        b.apply(&route_of_generation("p", "c", u64::MAX / 2, 2));
+        assert!(
+            b.goodbye("p", 1).is_none(),
+            "a successor elsewhere: no goodbye"
+        );
+        // A session that ends without a successor says goodbye.
+        let on_b = register_here(&b, "q", 2, 3);
+        b.apply(&on_b);
+        let goodbye = b.goodbye("q", 2).expect("a tombstone");
+        assert_eq!(goodbye.value, None);
+        assert!(b.goodbye("q", 2).is_none(), "once");
+    }
+
+    #[test]
+    fn a_moved_process_routes_to_its_new_node_after_compaction_whatever_the_order() {
+        // p moves from b to c; b's goodbye is written after c's route (b
+        // lost the client before it read c's route).
+        let b = table_of("b");
+        let c = table_of("c");
+        let mut topic = vec![register_here(&b, "p", 1, 1)];
+        for record in &topic {
+            c.apply(record);
+        }
+        topic.push(register_here(&c, "p", 7, 2));
+        let goodbye = b.goodbye("p", 1).expect("b had not read c's route");
+        topic.push(read_back(goodbye, 3));
+        // c reads the goodbye after its own route: it writes the route
+        // again, the key's last word.
+        for record in &topic[1..] {
+            c.apply(record);
+        }
+        let (again, _) = c.take_republish(10);
+        assert_eq!(again, vec!["p".to_string()]);
+        let (record, (connection, generation)) = c.route_again("p").expect("p is connected to c");
+        topic.push(read_back(record, 4));
+        c.local_registered("p", connection, (generation, 0, 4));
+        // c reads its own record again: no loop.
+        c.apply(&topic[3]);
+        assert!(c.take_republish(10).0.is_empty());
+        // A node started later on the compacted topic routes p to c.
+        let later = table();
+        later.follow_view(&view(&[("a", true), ("b", true), ("c", true)]));
+        for record in compacted(&topic) {
+            later.apply(&record);
+        }
+        assert_eq!(later.lookup("p").as_deref(), Some("c"));
+        // Without the holder's last word, the goodbye would be all.
+        let before = table();
+        for record in compacted(&topic[..3]) {
+            before.apply(&record);
+        }
+        assert_eq!(before.holder("p"), None);
+    }
+
+    #[test]
+    fn the_holder_writes_its_route_again_only_after_a_record_that_is_not_its_latest() {
+        let c = table_of("c");
+        let own = register_here(&c, "p", 1, 10);
+        let generation: u64 = 10;
+        // Its own route: nothing.
+        c.apply(&own);
+        // Records before its route in the topic: nothing.
+        c.apply(&route_of_generation("p", "b", generation - 1, 9));
+        c.apply(&tombstone("p", "b", generation - 1, 8));
+        assert!(c.take_republish(10).0.is_empty());
+        // A newer registration elsewhere: replaced, not reasserted.
+        c.apply(&route_of_generation("p", "d", generation + 1, 11));
+        assert!(c.take_republish(10).0.is_empty());
+        // After it: an older route, a goodbye of an older one, a replayed
+        // goodbye of its own.
+        let c = table_of("c");
+        register_here(&c, "p", 1, 10);
+        for record in [
+            route_of_generation("p", "b", generation - 1, 11),
+            tombstone("p", "b", generation - 1, 12),
+            tombstone("p", "c", generation, 13),
+        ] {
+            c.apply(&record);
+            assert_eq!(c.take_republish(10).0, vec!["p".to_string()], "{record:?}");
+        }
+        // Not connected here: nothing.
+        c.apply(&tombstone("q", "b", 1, 14));
+        assert!(c.take_republish(10).0.is_empty());
+    }
+
+    #[test]
+    fn a_route_is_not_written_again_once_the_process_left_or_moved() {
+        let c = table_of("c");
+        register_here(&c, "p", 1, 10);
+        register_here(&c, "q", 2, 11);
+        c.request_republish(["p", "q", "p"]);
+        assert_eq!(
+            c.take_republish(10).0,
+            vec!["p".to_string(), "q".to_string()],
+            "each once"
+        );
+        assert!(c.goodbye("p", 1).is_some());
+        assert!(
+            c.route_again("p").is_none(),
+            "gone: no route after its goodbye"
+        );
+        c.apply(&route_of_generation("q", "d", u64::MAX / 2, 12));
+        assert!(c.route_again("q").is_none(), "moved: no stale route");
+        assert_eq!(c.republished(), 0);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn anti_entropy_writes_every_local_route_again_each_period_and_at_once_on_a_rejoin() {
+        let c = table_of("c");
+        for i in 0..120 {
+            register_here(&c, &format!("p{i}"), i, i as i64 + 1);
+        }
+        let shutdown = CancellationToken::new();
+        let period = Duration::from_secs(60);
+        let tasks = TaskTracker::new();
+        tasks.spawn(refresh_routes(c.clone(), period, shutdown.clone()));
+        let taken = |c: &RouteTable| c.take_republish(usize::MAX).0.len();
+        tokio::time::sleep(period - Duration::from_secs(1)).await;
+        assert_eq!(taken(&c), 0, "nothing before the period");
+        // Paced over half the period: a batch at a time.
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        assert_eq!(taken(&c), REFRESH_BATCH);
+        tokio::time::sleep(period / 2).await;
+        assert_eq!(taken(&c), 120 - REFRESH_BATCH);
+        // Rejoining: everything again, at the fastest rate, now.
+        let mut rejoined = view(&[("c", true)]);
+        rejoined.rejoins = 1;
+        c.follow_view(&rejoined);
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        assert_eq!(taken(&c), 120);
+        // The same view again is no new rejoin.
+        c.follow_view(&rejoined);
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        assert_eq!(taken(&c), 0);
+        shutdown.cancel();
+        tasks.close();
+        tasks.wait().await;
+    }
+
+    #[test]
+    fn routes_of_nodes_not_live_for_the_node_timeout_are_evicted_and_their_names_forgotten() {
         let table = table();
-        // Read before b's first heartbeat: kept.
-        table.follow_view(&view(&[("a", true)]));
+        let t0 = Instant::now();
+        table.follow_view_at(&view(&[("a", true), ("b", true)]), t0);
         table.apply(&route("p", "b", 1));
-        table.follow_view(&view(&[("a", true)]));
-        assert_eq!(table.holder("p").as_deref(), Some("b"));
         table.apply(&route("q", "a", 2));
-        table.follow_view(&view(&[("a", true), ("b", true)]));
-        assert_eq!(table.lookup("p").as_deref(), Some("b"));
-        // b misses heartbeats: ignored, kept.
-        table.follow_view(&view(&[("a", true), ("b", false)]));
-        assert_eq!(table.lookup("p"), None);
-        table.follow_view(&view(&[("a", true), ("b", true)]));
+        // Never heard of: evicted a node timeout after it was read.
+        table.apply(&route("r", "x", 3));
+        assert_eq!(table.node_names(), 3);
+        table.evict_dead(Instant::now() + TIMEOUT / 2);
+        assert_eq!(table.holder("r").as_deref(), Some("x"));
+        // b misses heartbeats for less than the timeout: kept.
+        table.follow_view_at(&view(&[("a", true), ("b", false)]), t0);
+        assert_eq!(table.lookup("p"), None, "ignored while not live");
+        table.evict_dead(t0 + TIMEOUT / 2);
+        table.follow_view_at(&view(&[("a", true), ("b", true)]), t0 + TIMEOUT / 2);
+        table.evict_dead(t0 + TIMEOUT * 2);
         assert_eq!(
             table.lookup("p").as_deref(),
             Some("b"),
             "b's routes survive a hiccup"
         );
-        // b forgotten: dropped.
-        table.follow_view(&view(&[("a", true)]));
+        // b silent for the node timeout: evicted, its name forgotten.
+        let t1 = t0 + TIMEOUT * 3;
+        table.follow_view_at(&view(&[("a", true), ("b", false)]), t1);
+        table.evict_dead(t1 + TIMEOUT);
         assert_eq!(table.holder("p"), None);
-        assert_eq!(table.holder("q").as_deref(), Some("a"));
+        assert_eq!(table.holder("r"), None);
+        assert_eq!(table.holder("q").as_deref(), Some("a"), "never this node's");
+        assert_eq!(table.node_names(), 1);
+        assert_eq!(table.len(), 1);
+    }
+
+    #[test]
+    fn a_route_written_by_a_node_not_live_restarts_its_eviction_clock() {
+        let table = table();
+        let t0 = Instant::now();
+        table.follow_view_at(&view(&[("a", true), ("b", false)]), t0);
+        table.apply(&route("p", "b", 1));
+        std::thread::sleep(Duration::from_millis(20));
+        // b rejoined and wrote its routes again before its heartbeat came.
+        let written = Instant::now();
+        table.apply(&route("q", "b", 2));
+        let after = Instant::now();
+        table.evict_dead(written + TIMEOUT - Duration::from_millis(10));
+        assert_eq!(table.len(), 2);
+        table.evict_dead(after + TIMEOUT);
+        assert_eq!(table.len(), 0);
     }
 }

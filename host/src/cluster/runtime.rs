@@ -16,7 +16,7 @@ use super::membership::{
     ClusterView, Heartbeat, MembershipOptions, check_no_live_twin, run_membership,
 };
 use super::mesh::{ForwardOutcome, Mesh, MeshOptions};
-use super::routes::{RouteTable, follow_routes, publish_routes};
+use super::routes::{RouteTable, follow_routes, publish_routes, refresh_routes};
 use crate::config::ClusterConfig;
 use crate::gateway::{Gateway, GatewayOptions, Upstream};
 use crate::kafka::admin::{TopicSpec, ensure_topics};
@@ -181,6 +181,7 @@ impl ClusterRuntime {
         let routes = RouteTable::new(
             node_id,
             purpose_key(secret, Purpose::RouteRecord),
+            config.node_timeout,
             gateway.clone(),
             cluster_metrics.clone(),
         );
@@ -284,6 +285,11 @@ impl ClusterRuntime {
             link.clone(),
             config.routes_topic.clone(),
             events_rx,
+            stop.clone(),
+        ));
+        tasks.spawn(refresh_routes(
+            routes.clone(),
+            config.route_refresh_interval,
             stop.clone(),
         ));
         let mesh = Mesh::new(
@@ -433,6 +439,7 @@ impl ClusterRuntime {
             "mesh_links_established": mesh.links_established(),
             "mesh_links_broken": mesh.links_broken(),
             "mesh_unauthorized": mesh.unauthorized(),
+            "routes_republished": self.routes.republished(),
         })
     }
 

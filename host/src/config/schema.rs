@@ -465,6 +465,12 @@ pub struct ClusterConfig {
     /// A node is live while its heartbeats arrive within this time.
     #[serde(default = "default_node_timeout", with = "humantime_serde")]
     pub node_timeout: Duration,
+    /// How often a node writes the routes of its processes again
+    /// (anti-entropy: a node that missed a route record learns it within
+    /// this period), spread over half of it; they are also written at once
+    /// when the node rejoins after others saw it as not live.
+    #[serde(default = "default_route_refresh_interval", with = "humantime_serde")]
+    pub route_refresh_interval: Duration,
     /// The alarm fires while fewer nodes than this are live.
     #[serde(default = "default_min_live_nodes")]
     pub min_live_nodes: usize,
@@ -644,6 +650,10 @@ fn default_heartbeat_interval() -> Duration {
 
 fn default_node_timeout() -> Duration {
     Duration::from_secs(5)
+}
+
+fn default_route_refresh_interval() -> Duration {
+    Duration::from_secs(300)
 }
 
 fn default_min_live_nodes() -> usize {

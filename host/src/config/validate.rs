@@ -168,6 +168,10 @@ fn check_cluster(config: &RelayConfig, problems: &mut Problems) {
             "cluster.slow_consumer_timeout",
             cluster.slow_consumer_timeout,
         ),
+        (
+            "cluster.route_refresh_interval",
+            cluster.route_refresh_interval,
+        ),
     ] {
         if value.is_zero() {
             problems.push(key, "must be more than zero");
