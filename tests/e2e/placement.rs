@@ -79,7 +79,7 @@ async fn processes_given_one_address_spread_over_the_nodes_by_quota() {
     let total = 2000;
     let mut pool = ProcessPool::default();
     for n in 0..total {
-        pool.connect(&[first.clone()], &format!("p-{n:04}"), false)
+        pool.connect(std::slice::from_ref(&first), &format!("p-{n:04}"), false)
             .await;
     }
     nodes[0]
@@ -134,7 +134,7 @@ async fn a_full_cluster_refuses_a_new_process_with_the_reason() {
     let first = nodes[0].client_addr().unwrap();
     let mut pool = ProcessPool::default();
     for n in 0..8 {
-        pool.connect(&[first.clone()], &format!("p-{n}"), false)
+        pool.connect(std::slice::from_ref(&first), &format!("p-{n}"), false)
             .await;
     }
     let counts = connections(&nodes);
@@ -146,10 +146,9 @@ async fn a_full_cluster_refuses_a_new_process_with_the_reason() {
             ("node-3".to_string(), 2)
         ])
     );
-    let error = Client::connect(sdk_config(&first, "p-8"))
-        .await
-        .err()
-        .expect("a ninth process got in");
+    let Err(error) = Client::connect(sdk_config(&first, "p-8")).await else {
+        panic!("a ninth process got in");
+    };
     let text = error.to_string();
     assert!(
         text.contains("NODE_FULL") && text.contains("connection quota"),
@@ -198,9 +197,9 @@ async fn a_router_plugins_place_pins_processes_to_a_node() {
     let third = nodes[2].client_addr().unwrap();
     let mut pool = ProcessPool::default();
     for n in 0..10 {
-        pool.connect(&[third.clone()], &format!("a-{n}"), false)
+        pool.connect(std::slice::from_ref(&third), &format!("a-{n}"), false)
             .await;
-        pool.connect(&[third.clone()], &format!("b-{n}"), false)
+        pool.connect(std::slice::from_ref(&third), &format!("b-{n}"), false)
             .await;
     }
     let placed = pool.nodes();
