@@ -77,7 +77,8 @@ impl Client {
     /// ([`initial_backoff`](ClientConfig::initial_backoff) to
     /// [`max_backoff`](ClientConfig::max_backoff), with jitter) over the
     /// addresses and registers again. A `Rebalance` from the node makes it
-    /// reconnect to the given addresses first, at once.
+    /// reconnect to the given addresses first, after a random pause of up
+    /// to [`rebalance_jitter`](ClientConfig::rebalance_jitter).
     ///
     /// The [`Events`] report the deliveries and the connection changes, the
     /// first [`Event::Connected`](crate::Event::Connected) included.

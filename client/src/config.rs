@@ -38,6 +38,12 @@ pub struct ClientConfig {
     pub initial_backoff: Duration,
     /// The longest pause between reconnection rounds. Default 5 s.
     pub max_backoff: Duration,
+    /// After a `Rebalance` (the node moves this process to another node),
+    /// the client waits a random pause of up to this long before it
+    /// reconnects, so that many processes moved at once do not all dial
+    /// the same node in the same instant. Default 1 s; zero reconnects at
+    /// once.
+    pub rebalance_jitter: Duration,
     /// How long one address may take for the TCP connection, the TLS
     /// handshake (with [`tls`](ClientConfig::tls)) and the `Hello` /
     /// `Welcome` exchange together. Default 5 s.
@@ -79,6 +85,7 @@ impl ClientConfig {
             client_name: format!("wasmrelay-client/{}", env!("CARGO_PKG_VERSION")),
             initial_backoff: Duration::from_millis(100),
             max_backoff: Duration::from_secs(5),
+            rebalance_jitter: Duration::from_secs(1),
             connect_timeout: Duration::from_secs(5),
             max_frame_bytes: wasmrelay_protocol::DEFAULT_MAX_FRAME_BYTES,
             send_timeout: Duration::from_secs(30),
@@ -158,6 +165,7 @@ mod tests {
         assert!(config.client_name.starts_with("wasmrelay-client/"));
         assert_eq!(config.initial_backoff, Duration::from_millis(100));
         assert_eq!(config.max_backoff, Duration::from_secs(5));
+        assert_eq!(config.rebalance_jitter, Duration::from_secs(1));
         assert_eq!(config.connect_timeout, Duration::from_secs(5));
         assert_eq!(
             config.max_frame_bytes,

@@ -133,12 +133,19 @@ impl Supervisor {
                     return self.finish(format!("replaced by another connection: {reason}"));
                 }
                 End::Rebalance(addresses, reason) => {
-                    tracing::info!(?addresses, %reason, "rebalanced; reconnecting");
+                    // A random pause first: the node moves many processes
+                    // at once, and they should not all dial together.
+                    let delay = wasmrelay_protocol::jitter(self.config.rebalance_jitter);
+                    tracing::info!(?addresses, %reason, ?delay, "rebalanced; reconnecting there after a random pause");
                     self.emit(Event::Disconnected {
                         reason: format!("rebalance to {addresses:?}: {reason}"),
                     });
                     self.preferred = addresses;
                     pause = false;
+                    tokio::select! {
+                        () = tokio::time::sleep(delay) => {}
+                        () = self.stop_requested() => return self.finish("the client was closed".to_string()),
+                    }
                 }
                 End::Lost(reason) => {
                     tracing::warn!(%reason, "connection lost; reconnecting");

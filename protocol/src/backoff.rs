@@ -46,9 +46,27 @@ impl Backoff {
     }
 }
 
+/// A pause drawn uniformly from `[0, max]`: spreads a crowd told to do the
+/// same thing at once (e.g. processes told to reconnect elsewhere by a
+/// `Rebalance`) over `max`.
+pub fn jitter(max: Duration) -> Duration {
+    let spread = u64::try_from(max.as_micros()).unwrap_or(u64::MAX);
+    Duration::from_micros(rand::rng().random_range(0..=spread))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn jitter_stays_within_its_bound_and_spreads() {
+        let max = Duration::from_millis(1000);
+        let pauses: Vec<Duration> = (0..200).map(|_| jitter(max)).collect();
+        assert!(pauses.iter().all(|p| *p <= max));
+        assert!(pauses.iter().any(|p| *p < max / 2));
+        assert!(pauses.iter().any(|p| *p > max / 2));
+        assert_eq!(jitter(Duration::ZERO), Duration::ZERO);
+    }
 
     #[test]
     fn pauses_double_up_to_the_maximum_with_jitter() {

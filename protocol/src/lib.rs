@@ -22,7 +22,7 @@ pub mod v1 {
     include!(concat!(env!("OUT_DIR"), "/wasmrelay.v1.rs"));
 }
 
-pub use backoff::Backoff;
+pub use backoff::{Backoff, jitter};
 pub use codec::{CodecError, FrameCodec};
 pub use v1::Frame;
 pub use v1::frame::Kind;

@@ -17,6 +17,7 @@ mod listener_tls;
 mod placement;
 mod plugin_test_cli;
 mod run_config_errors;
+mod rebalance;
 mod secrets;
 mod secured_app;
 mod secured_center;

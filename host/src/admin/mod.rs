@@ -2,7 +2,10 @@
 //! `/healthz` (the process is up), `/readyz` (links connected, plugins
 //! loaded, not shutting down), `/metrics` (Prometheus text), `/plugins`
 //! (loaded versions), `/links` (current Kafka connection per link, secrets
-//! redacted, and the history of switches).
+//! redacted, and the history of switches); on cluster nodes `/cluster`,
+//! `/processes?id=`, `POST /rebalance` (a rebalance round now) and
+//! `POST /evacuate[?rate=N]` (move every process off this node and accept
+//! no new one).
 //!
 //! Access: the probes answer anyone; the read-only endpoints need the
 //! bearer token when one is configured (and config validation requires one
@@ -26,7 +29,7 @@ use axum::Router;
 use axum::extract::State;
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use axum::routing::get;
+use axum::routing::{get, post};
 use serde_json::json;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
@@ -92,6 +95,8 @@ pub fn router(state: Arc<AdminState>, policy: AccessPolicy) -> Router {
         .route("/links", get(links))
         .route("/cluster", get(cluster))
         .route("/processes", get(processes))
+        .route("/rebalance", post(rebalance))
+        .route("/evacuate", post(evacuate))
         .fallback(not_found)
         .layer(axum::middleware::from_fn(move |request, next| {
             auth::require_token_if_set(reads_policy.clone(), request, next)
@@ -212,6 +217,56 @@ async fn cluster(State(state): State<Arc<AdminState>>) -> Response {
     }
 }
 
+/// `POST /rebalance`: a round now, when this node is overloaded.
+async fn rebalance(State(state): State<Arc<AdminState>>) -> Response {
+    match state.cluster() {
+        Some(cluster) => (
+            StatusCode::ACCEPTED,
+            Json(cluster.rebalancer().start_round()),
+        )
+            .into_response(),
+        None => not_a_cluster_node(),
+    }
+}
+
+/// `POST /evacuate?rate=<moves per second>`.
+#[derive(Debug, serde::Deserialize)]
+struct EvacuateQuery {
+    rate: Option<u32>,
+}
+
+/// `POST /evacuate`: no new process here, every process moved away.
+async fn evacuate(
+    State(state): State<Arc<AdminState>>,
+    query: Result<axum::extract::Query<EvacuateQuery>, axum::extract::rejection::QueryRejection>,
+) -> Response {
+    let Some(cluster) = state.cluster() else {
+        return not_a_cluster_node();
+    };
+    let rate = match query {
+        Ok(axum::extract::Query(EvacuateQuery { rate: Some(0) })) => {
+            return (
+                StatusCode::BAD_REQUEST,
+                Json(json!({"error": "rate must be at least 1 (processes per second)"})),
+            )
+                .into_response();
+        }
+        Ok(axum::extract::Query(EvacuateQuery { rate })) => rate,
+        Err(rejection) => {
+            return (
+                StatusCode::BAD_REQUEST,
+                Json(json!({"error": format!("bad query: {rejection}")})),
+            )
+                .into_response();
+        }
+    };
+    (
+        StatusCode::ACCEPTED,
+        Json(cluster.rebalancer().evacuate(rate)),
+    )
+        .into_response()
+}
+
 /// `/processes?id=<process id>`.
 #[derive(Debug, serde::Deserialize)]
 struct ProcessQuery {
@@ -265,7 +320,7 @@ async fn not_found() -> Response {
     (
         StatusCode::NOT_FOUND,
         Json(
-            json!({"error": "no such endpoint; try /healthz, /readyz, /metrics, /plugins, /links, /cluster, /processes?id="}),
+            json!({"error": "no such endpoint; try /healthz, /readyz, /metrics, /plugins, /links, /cluster, /processes?id=, POST /rebalance, POST /evacuate"}),
         ),
     )
         .into_response()

@@ -72,6 +72,11 @@ pub struct Heartbeat {
     /// True in the last heartbeat of a node shutting down.
     #[serde(default)]
     pub leaving: bool,
+    /// True while the node is being evacuated (`POST /evacuate`): it is
+    /// live and still holds processes, but no node places new ones on it.
+    /// Absent in heartbeats of older versions (false).
+    #[serde(default)]
+    pub evacuating: bool,
 }
 
 /// A node as `/cluster` shows it.
@@ -523,6 +528,7 @@ fn current_heartbeat(
         connections: gateway.connection_count() as u64,
         sent_at_ms: *last_sent_ms,
         leaving,
+        evacuating: gateway.evacuating(),
         ..options.identity.clone()
     }
 }
@@ -631,6 +637,7 @@ mod tests {
             started_at_ms: super::super::now_ms(),
             sent_at_ms: super::super::now_ms(),
             leaving,
+            evacuating: false,
         }
     }
 

@@ -2,8 +2,8 @@
 //! process that follows redirects says Hello, the node asks this policy and
 //! either accepts the process or redirects it (see `gateway::admit`).
 //!
-//! The built-in rule picks, among the live nodes that are not leaving and
-//! are below their connection quota, the one with the lowest share of its
+//! The built-in rule picks, among the live nodes that are not leaving or
+//! being evacuated and are below their connection quota, the one with the lowest share of its
 //! quota in use, so connections spread in proportion to the quotas; a tie
 //! goes to this node (no redirect), then to the smaller node id. A node's
 //! connections are those of its last heartbeat plus the processes this node
@@ -15,6 +15,7 @@
 //! built-in rule.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
 use futures::FutureExt as _;
@@ -73,6 +74,8 @@ pub struct ClusterPlacement {
     view: watch::Receiver<ClusterView>,
     router: Option<ProcessRouter>,
     placed: Arc<Mutex<HashMap<String, PlacedSince>>>,
+    /// Set while this node is being evacuated: it is no candidate then.
+    evacuating: Arc<AtomicBool>,
 }
 
 impl std::fmt::Debug for ClusterPlacement {
@@ -102,25 +105,37 @@ impl ClusterPlacement {
             view,
             router: router.filter(ProcessRouter::has_plugin),
             placed: Arc::new(Mutex::new(HashMap::new())),
+            evacuating: Arc::new(AtomicBool::new(false)),
         }
     }
 
-    /// The candidates now: this node with its own count, and every other
-    /// live node that is not leaving, with its heartbeat's count plus what
+    /// This policy, leaving this node out while `evacuating` is set (the
+    /// gateway's flag, see `Gateway::evacuating_flag`).
+    pub fn with_evacuating(mut self, evacuating: Arc<AtomicBool>) -> ClusterPlacement {
+        self.evacuating = evacuating;
+        self
+    }
+
+    /// The candidates now: this node with its own count (unless it is
+    /// being evacuated), and every other live node that is not leaving or
+    /// being evacuated, with its heartbeat's count plus what
     /// was placed on it since.
     fn loads(&self, local_connections: usize) -> Vec<NodeLoad> {
         let view = self.view.borrow();
         let mut placed = self.placed.lock().unwrap_or_else(|e| e.into_inner());
         placed.retain(|id, _| view.is_live(id));
-        let mut loads = vec![NodeLoad {
-            node_id: self.self_id.clone(),
-            client_addr: self.self_addr.clone(),
-            connections: local_connections as u64,
-            quota: self.quota,
-        }];
+        let mut loads = Vec::with_capacity(view.nodes.len() + 1);
+        if !self.evacuating.load(Ordering::SeqCst) {
+            loads.push(NodeLoad {
+                node_id: self.self_id.clone(),
+                client_addr: self.self_addr.clone(),
+                connections: local_connections as u64,
+                quota: self.quota,
+            });
+        }
         for node in view.nodes.values() {
             let beat = &node.heartbeat;
-            if !node.live || beat.leaving || beat.node_id == self.self_id {
+            if !node.live || beat.leaving || beat.evacuating || beat.node_id == self.self_id {
                 continue;
             }
             let since = placed.entry(beat.node_id.clone()).or_default();
@@ -297,6 +312,7 @@ mod tests {
                         started_at_ms: 0,
                         sent_at_ms,
                         leaving: false,
+                        evacuating: false,
                     },
                     live,
                     last_seen_ms_ago: 0,

@@ -1166,6 +1166,7 @@ mod tests {
                         started_at_ms: 0,
                         sent_at_ms: 0,
                         leaving: false,
+                        evacuating: false,
                     };
                     (
                         id.to_string(),

@@ -16,6 +16,7 @@ use super::membership::{
     ClusterView, Heartbeat, MembershipOptions, check_no_live_twin, run_membership,
 };
 use super::mesh::{ForwardOutcome, Mesh, MeshOptions};
+use super::rebalance::{RebalanceOptions, Rebalancer};
 use super::routes::{RouteTable, follow_routes, publish_routes, refresh_routes};
 use crate::config::ClusterConfig;
 use crate::gateway::{Gateway, GatewayOptions, Upstream};
@@ -93,6 +94,7 @@ pub struct ClusterRuntime {
     gateway: Arc<Gateway>,
     routes: Arc<RouteTable>,
     mesh: Arc<Mesh>,
+    rebalancer: Arc<Rebalancer>,
     view: watch::Receiver<ClusterView>,
     stop: CancellationToken,
     /// When the node has heard every live node's heartbeat at least once.
@@ -186,13 +188,16 @@ impl ClusterRuntime {
             cluster_metrics.clone(),
         );
         let (view_tx, view) = watch::channel(ClusterView::default());
-        gateway.set_placement(Arc::new(super::placement::ClusterPlacement::new(
-            node_id,
-            &advertised.client_addr,
-            config.connection_quota,
-            view.clone(),
-            Some(router),
-        )));
+        gateway.set_placement(Arc::new(
+            super::placement::ClusterPlacement::new(
+                node_id,
+                &advertised.client_addr,
+                config.connection_quota,
+                view.clone(),
+                Some(router),
+            )
+            .with_evacuating(gateway.evacuating_flag()),
+        ));
 
         let (heartbeats_tx, mut heartbeats_rx) = mpsc::channel::<TailEvent>(TAIL_BUFFER);
         let heartbeat_tail = TopicTail::start(
@@ -235,6 +240,7 @@ impl ClusterRuntime {
             },
             topic: config.heartbeat_topic.clone(),
             alarm_topic: config.alarm_topic.clone(),
+                evacuating: false,
             interval: config.heartbeat_interval,
             node_timeout: config.node_timeout,
             min_live_nodes: config.min_live_nodes,
@@ -268,6 +274,21 @@ impl ClusterRuntime {
         tasks.spawn(run_membership(
             membership,
             link.clone(),
+        let rebalancer = Rebalancer::new(
+            node_id,
+            config.connection_quota,
+            RebalanceOptions {
+                automatic: config.rebalance,
+                threshold_percent: config.rebalance_threshold_percent,
+                min_excess: config.rebalance_min_excess,
+                rate: config.rebalance_rate,
+                interval: config.rebalance_interval,
+            },
+            gateway.clone(),
+            view.clone(),
+            cluster_metrics.clone(),
+        );
+        tasks.spawn(rebalancer.clone().run(stop.clone()));
             gateway.clone(),
             heartbeats_rx,
             view_tx,
@@ -331,6 +352,7 @@ impl ClusterRuntime {
     }
 
     /// Waits (at most `timeout`) until the route table has read the routes
+            rebalancer,
     /// topic to its end and every live node's heartbeat has been heard once,
     /// so that the first messages find their processes on other nodes.
     pub async fn wait_caught_up(&self, timeout: Duration) -> anyhow::Result<()> {
@@ -383,6 +405,11 @@ impl ClusterRuntime {
     pub fn view(&self) -> watch::Receiver<ClusterView> {
         self.view.clone()
     }
+    /// Rebalancing and evacuation (`POST /rebalance`, `POST /evacuate`).
+    pub fn rebalancer(&self) -> &Arc<Rebalancer> {
+        &self.rebalancer
+    }
+
 
     /// What `/cluster` shows.
     pub fn cluster_json(&self) -> serde_json::Value {
@@ -427,6 +454,8 @@ impl ClusterRuntime {
             "clients_accepted": gateway.accepted(),
             "client_protocol_errors": gateway.protocol_errors(),
             "clients_replaced": gateway.replaced(),
+            "evacuating": self.gateway.evacuating(),
+            "rebalance": self.rebalancer.json(),
             "client_tls_failures": gateway.tls_failures(),
             "clients_redirected": gateway.redirected(),
             "clients_refused_full": gateway.refused_full(),
@@ -456,6 +485,8 @@ impl ClusterRuntime {
             "process_id": process_id,
             "node": node,
             "connected_here": local.is_some(),
+            "rebalance_moves": self.rebalancer.json()["rebalance_moves"],
+            "evacuation_moves": self.rebalancer.json()["evacuation_moves"],
             "node_live": holder.is_some_and(|n| n.live),
             "client_addr": holder.map(|n| n.heartbeat.client_addr.clone()),
             "admin_addr": holder.map(|n| n.heartbeat.admin_addr.clone()),

@@ -484,6 +484,27 @@ pub struct ClusterConfig {
     pub keepalive: Duration,
     /// How long a new connection may take to say Hello.
     #[serde(default = "default_hello_timeout", with = "humantime_serde")]
+    /// Whether this node moves processes to other nodes on its own when
+    /// it holds too many of them (see `rebalance_threshold_percent`).
+    /// `POST /rebalance` and `POST /evacuate` work either way.
+    #[serde(default = "default_rebalance")]
+    pub rebalance: bool,
+    /// The imbalance condition: this node is overloaded when its count
+    /// exceeds its share (the cluster's connections split in proportion
+    /// to the quotas) by more than this percentage of the share...
+    #[serde(default = "default_rebalance_threshold_percent")]
+    pub rebalance_threshold_percent: u32,
+    /// ... and by at least this many connections. A round of moves then
+    /// goes on until the count is within half of this many of the share.
+    #[serde(default = "default_rebalance_min_excess")]
+    pub rebalance_min_excess: u64,
+    /// Processes moved per second at most, in a rebalance or an
+    /// evacuation (`POST /evacuate?rate=` may set a higher one).
+    #[serde(default = "default_rebalance_rate")]
+    pub rebalance_rate: u32,
+    /// How often the node checks the imbalance condition.
+    #[serde(default = "default_rebalance_interval", with = "humantime_serde")]
+    pub rebalance_interval: Duration,
     pub hello_timeout: Duration,
     /// Frames queued for one connection before it is closed as too slow.
     #[serde(default = "default_send_queue")]
@@ -670,6 +691,26 @@ fn default_keepalive() -> Duration {
 
 fn default_hello_timeout() -> Duration {
     GatewayOptions::default().hello_timeout
+fn default_rebalance() -> bool {
+    true
+}
+
+fn default_rebalance_threshold_percent() -> u32 {
+    10
+}
+
+fn default_rebalance_min_excess() -> u64 {
+    10
+}
+
+fn default_rebalance_rate() -> u32 {
+    50
+}
+
+fn default_rebalance_interval() -> Duration {
+    Duration::from_secs(5)
+}
+
 }
 
 fn default_send_queue() -> usize {

@@ -172,6 +172,7 @@ fn check_cluster(config: &RelayConfig, problems: &mut Problems) {
             "cluster.route_refresh_interval",
             cluster.route_refresh_interval,
         ),
+        ("cluster.rebalance_interval", cluster.rebalance_interval),
     ] {
         if value.is_zero() {
             problems.push(key, "must be more than zero");
@@ -185,6 +186,12 @@ fn check_cluster(config: &RelayConfig, problems: &mut Problems) {
                  declares a node dead",
                 cluster.heartbeat_interval
             ),
+        );
+    }
+    if cluster.rebalance_rate == 0 {
+        problems.push(
+            "cluster.rebalance_rate",
+            "must be at least 1 (processes per second)",
         );
     }
     for (key, value) in [

@@ -346,6 +346,12 @@ async fn write_frames(mut sink: Sink, mut outbound: mpsc::Receiver<Frame>, sessi
     let last_word = match session.ending() {
         Some(Ending::Replaced(reason)) => Some(Frame::of(Kind::Replaced(v1::Replaced { reason }))),
         Some(Ending::Error(code, reason)) => Some(Frame::error(code, reason)),
+        Some(Ending::Rebalanced { addresses, reason }) => {
+            Some(Frame::of(Kind::Rebalance(v1::Rebalance {
+                addresses,
+                reason,
+            })))
+        }
         Some(Ending::ClientGone(_)) | None => None,
     };
     if let Some(frame) = last_word {

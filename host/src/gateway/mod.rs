@@ -237,6 +237,9 @@ pub struct Gateway {
     /// New processes admitted and not registered yet: they count against
     /// the quota.
     admitting: std::sync::atomic::AtomicUsize,
+    /// Set while the node is being evacuated: no new process is accepted
+    /// here (the placement policy shares it, so it places them elsewhere).
+    evacuating: Arc<std::sync::atomic::AtomicBool>,
 }
 
 impl std::fmt::Debug for Gateway {
@@ -269,6 +272,7 @@ impl Gateway {
             sends: TaskTracker::new(),
             placement: std::sync::OnceLock::new(),
             admitting: std::sync::atomic::AtomicUsize::new(0),
+            evacuating: Arc::new(std::sync::atomic::AtomicBool::new(false)),
         })
     }
 
@@ -278,10 +282,32 @@ impl Gateway {
         let _ = self.placement.set(policy);
     }
 
+    /// Whether the node is being evacuated (accepts no new process).
+    pub fn evacuating(&self) -> bool {
+        self.evacuating.load(Ordering::SeqCst)
+    }
+
+    /// Starts (or ends) refusing new processes: while set, a Hello for a
+    /// process not connected here is placed elsewhere or refused.
+    pub fn set_evacuating(&self, evacuating: bool) {
+        self.evacuating.store(evacuating, Ordering::SeqCst);
+    }
+
+    /// The flag behind [`Gateway::evacuating`], for the placement policy.
+    pub fn evacuating_flag(&self) -> Arc<std::sync::atomic::AtomicBool> {
+        self.evacuating.clone()
+    }
+
+    /// The sessions connected here now (a snapshot).
+    pub fn sessions(&self) -> Vec<Arc<Session>> {
+        self.lock_sessions().values().cloned().collect()
+    }
+
     /// Decides where a Hello for `process_id` goes. A process connected
     /// here already is always taken (a reconnect or a takeover); a new one
     /// is placed by the policy when the client may be redirected, and is
-    /// accepted here only below the quota. The returned admission holds
+    /// accepted here only below the quota and while the node is not being
+    /// evacuated. The returned admission holds
     /// its place under the quota until it is dropped (after registering).
     pub(crate) async fn admit(
         &self,
@@ -296,6 +322,12 @@ impl Gateway {
                 Placement::Here => {}
                 elsewhere => return Err(self.count_placement(elsewhere)),
             }
+        }
+        if self.evacuating() {
+            return Err(self.count_placement(Placement::Full(format!(
+                "node {} is being evacuated and accepts no new process; connect to another node",
+                self.options.node_id
+            ))));
         }
         let taken = self.admitting.fetch_add(1, Ordering::SeqCst) + 1;
         if self.connection_count() + taken > self.options.quota {

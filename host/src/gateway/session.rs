@@ -52,6 +52,16 @@ pub enum Ending {
     Replaced(String),
     /// The client is sent `Error{code, reason}`.
     Error(ErrorCode, String),
+    /// The node moves the process to another node (rebalancing or
+    /// evacuation): the client is sent `Rebalance{addresses, reason}` and
+    /// reconnects there.
+    Rebalanced {
+        /// Where the process should reconnect (the target node's client
+        /// address; empty: anywhere it knows).
+        addresses: Vec<String>,
+        /// Why.
+        reason: String,
+    },
     /// The client closed the connection or it broke: nobody to tell.
     ClientGone(String),
 }
@@ -60,9 +70,10 @@ impl Ending {
     /// Why, in words.
     pub fn reason(&self) -> &str {
         match self {
-            Ending::Replaced(reason) | Ending::Error(_, reason) | Ending::ClientGone(reason) => {
-                reason
-            }
+            Ending::Replaced(reason)
+            | Ending::Error(_, reason)
+            | Ending::Rebalanced { reason, .. }
+            | Ending::ClientGone(reason) => reason,
         }
     }
 }
@@ -225,6 +236,19 @@ impl Session {
     /// Ends the session because the same process id registered again.
     pub fn replace(&self, reason: String) {
         self.end(Ending::Replaced(reason));
+    }
+
+    /// Ends the session by moving the process to `addresses`: the client is
+    /// told to reconnect there. Its unanswered deliveries resolve as lost
+    /// when the connection ends, so they are delivered again wherever it
+    /// reconnects.
+    pub fn rebalance(&self, addresses: Vec<String>, reason: String) {
+        self.end(Ending::Rebalanced { addresses, reason });
+    }
+
+    /// Whether the session was ended (or is ending).
+    pub fn is_ending(&self) -> bool {
+        self.lock_ending().is_some()
     }
 
     /// Ends the session: the connection task tells the client why and

@@ -118,6 +118,13 @@ pub struct ClusterMetrics {
     pub records_rejected: Family<RecordRejectedLabels, Counter>,
     /// Heartbeats with this node's id from another instance (a twin).
     pub twin_heartbeats: Counter,
+    /// Processes this node told to reconnect elsewhere to even out load.
+    pub rebalance_moves: Counter,
+    /// Processes this node told to reconnect elsewhere while evacuated.
+    pub evacuation_moves: Counter,
+    /// 1 while this node is moving processes (a rebalance round or an
+    /// evacuation).
+    pub rebalancing: Gauge,
 }
 
 /// The labels of `wasmrelay_cluster_records_rejected_total`: bounded (the
@@ -260,6 +267,21 @@ impl RelayMetrics {
             "cluster_twin_heartbeats",
             "Heartbeats with this node's id from another instance of it",
             cluster.twin_heartbeats.clone(),
+        );
+        registry.register(
+            "cluster_rebalance_moves",
+            "Processes told to reconnect to another node because this one held more than its share",
+            cluster.rebalance_moves.clone(),
+        );
+        registry.register(
+            "cluster_evacuation_moves",
+            "Processes told to reconnect to another node because this one is being evacuated",
+            cluster.evacuation_moves.clone(),
+        );
+        registry.register(
+            "cluster_rebalancing",
+            "1 while this node is moving processes to other nodes (rebalance or evacuation)",
+            cluster.rebalancing.clone(),
         );
         let admin = AdminMetrics::default();
         registry.register(
