@@ -96,6 +96,9 @@ pub struct ClusterRuntime {
     mesh: Arc<Mesh>,
     rebalancer: Arc<Rebalancer>,
     view: watch::Receiver<ClusterView>,
+    /// With `pause_below_min_live`: `true` while enough nodes are live for
+    /// the cluster flow to consume.
+    consumption_gate: Option<watch::Receiver<bool>>,
     stop: CancellationToken,
     /// When the node has heard every live node's heartbeat at least once.
     heard_everyone_at: tokio::time::Instant,
@@ -237,10 +240,10 @@ impl ClusterRuntime {
                 started_at_ms: super::now_ms(),
                 sent_at_ms: 0,
                 leaving: false,
+                evacuating: false,
             },
             topic: config.heartbeat_topic.clone(),
             alarm_topic: config.alarm_topic.clone(),
-                evacuating: false,
             interval: config.heartbeat_interval,
             node_timeout: config.node_timeout,
             min_live_nodes: config.min_live_nodes,
@@ -271,9 +274,6 @@ impl ClusterRuntime {
         // Nothing below fails: the tasks start.
         tasks.spawn(gateway.clone().serve(client_listener, stop.clone()));
 
-        tasks.spawn(run_membership(
-            membership,
-            link.clone(),
         let rebalancer = Rebalancer::new(
             node_id,
             config.connection_quota,
@@ -289,6 +289,9 @@ impl ClusterRuntime {
             cluster_metrics.clone(),
         );
         tasks.spawn(rebalancer.clone().run(stop.clone()));
+        tasks.spawn(run_membership(
+            membership,
+            link.clone(),
             gateway.clone(),
             heartbeats_rx,
             view_tx,
@@ -333,6 +336,11 @@ impl ClusterRuntime {
             view.clone(),
             stop.clone(),
         ));
+        let consumption_gate = config.pause_below_min_live.then(|| {
+            let (gate_tx, gate) = watch::channel(false);
+            tasks.spawn(follow_live_count(view.clone(), gate_tx, stop.clone()));
+            gate
+        });
         // Heartbeats are read from the end: every live node's next one
         // arrives within an interval (plus Kafka's latency).
         let heard_everyone_at = tokio::time::Instant::now() + config.heartbeat_interval * 3 / 2;
@@ -344,7 +352,9 @@ impl ClusterRuntime {
             gateway,
             routes,
             mesh,
+            rebalancer,
             view,
+            consumption_gate,
             stop,
             tasks,
             tails: std::sync::Mutex::new(vec![heartbeat_tail, routes_tail]),
@@ -352,7 +362,6 @@ impl ClusterRuntime {
     }
 
     /// Waits (at most `timeout`) until the route table has read the routes
-            rebalancer,
     /// topic to its end and every live node's heartbeat has been heard once,
     /// so that the first messages find their processes on other nodes.
     pub async fn wait_caught_up(&self, timeout: Duration) -> anyhow::Result<()> {
@@ -396,6 +405,11 @@ impl ClusterRuntime {
         &self.mesh
     }
 
+    /// Rebalancing and evacuation (`POST /rebalance`, `POST /evacuate`).
+    pub fn rebalancer(&self) -> &Arc<Rebalancer> {
+        &self.rebalancer
+    }
+
     /// The route table.
     pub fn routes(&self) -> &Arc<RouteTable> {
         &self.routes
@@ -405,11 +419,12 @@ impl ClusterRuntime {
     pub fn view(&self) -> watch::Receiver<ClusterView> {
         self.view.clone()
     }
-    /// Rebalancing and evacuation (`POST /rebalance`, `POST /evacuate`).
-    pub fn rebalancer(&self) -> &Arc<Rebalancer> {
-        &self.rebalancer
-    }
 
+    /// With `cluster.pause_below_min_live`: whether the cluster flow may
+    /// consume now (enough nodes live), for its consumer's gate.
+    pub fn consumption_gate(&self) -> Option<watch::Receiver<bool>> {
+        self.consumption_gate.clone()
+    }
 
     /// What `/cluster` shows.
     pub fn cluster_json(&self) -> serde_json::Value {
@@ -436,8 +451,11 @@ impl ClusterRuntime {
             "live": view.live,
             "min_live_nodes": view.min_live_nodes,
             "alarm": view.alarm,
+            "consumption_paused": self.consumption_gate.as_ref().is_some_and(|gate| !*gate.borrow()),
             "connections": self.gateway.connection_count(),
             "connection_quota": self.gateway.options().quota,
+            "evacuating": self.gateway.evacuating(),
+            "rebalance": self.rebalancer.json(),
             "routes": self.routes.len(),
             "route_table_caught_up": self.routes.caught_up().borrow().is_some(),
             "mesh": linked,
@@ -454,8 +472,6 @@ impl ClusterRuntime {
             "clients_accepted": gateway.accepted(),
             "client_protocol_errors": gateway.protocol_errors(),
             "clients_replaced": gateway.replaced(),
-            "evacuating": self.gateway.evacuating(),
-            "rebalance": self.rebalancer.json(),
             "client_tls_failures": gateway.tls_failures(),
             "clients_redirected": gateway.redirected(),
             "clients_refused_full": gateway.refused_full(),
@@ -469,6 +485,8 @@ impl ClusterRuntime {
             "mesh_links_broken": mesh.links_broken(),
             "mesh_unauthorized": mesh.unauthorized(),
             "routes_republished": self.routes.republished(),
+            "rebalance_moves": self.rebalancer.json()["rebalance_moves"],
+            "evacuation_moves": self.rebalancer.json()["evacuation_moves"],
         })
     }
 
@@ -485,8 +503,6 @@ impl ClusterRuntime {
             "process_id": process_id,
             "node": node,
             "connected_here": local.is_some(),
-            "rebalance_moves": self.rebalancer.json()["rebalance_moves"],
-            "evacuation_moves": self.rebalancer.json()["evacuation_moves"],
             "node_live": holder.is_some_and(|n| n.live),
             "client_addr": holder.map(|n| n.heartbeat.client_addr.clone()),
             "admin_addr": holder.map(|n| n.heartbeat.admin_addr.clone()),
@@ -551,6 +567,26 @@ impl Forwarder for Mesh {
 }
 
 /// How this node's gateway treats process connections.
+/// Holds `gate` at whether at least `min_live_nodes` nodes are live in
+/// `view`, until `stop`.
+async fn follow_live_count(
+    mut view: watch::Receiver<ClusterView>,
+    gate: watch::Sender<bool>,
+    stop: CancellationToken,
+) {
+    loop {
+        let open = {
+            let view = view.borrow_and_update();
+            view.live >= view.min_live_nodes
+        };
+        gate.send_if_modified(|current| std::mem::replace(current, open) != open);
+        tokio::select! {
+            _ = stop.cancelled() => return,
+            changed = view.changed() => if changed.is_err() { return },
+        }
+    }
+}
+
 fn gateway_options(node_id: &str, cluster: &ClusterConfig) -> GatewayOptions {
     GatewayOptions {
         node_id: node_id.to_string(),

@@ -474,16 +474,16 @@ pub struct ClusterConfig {
     /// The alarm fires while fewer nodes than this are live.
     #[serde(default = "default_min_live_nodes")]
     pub min_live_nodes: usize,
+    /// Stop consuming the cluster flow's input while fewer than
+    /// `min_live_nodes` are live (the alarm fires either way), and consume
+    /// again when they are back: for clusters that must not run short of
+    /// nodes. Off by default: a short cluster goes on consuming.
+    #[serde(default)]
+    pub pause_below_min_live: bool,
     /// Connections this node is meant to hold (its quota, published in its
     /// heartbeat for placement).
     #[serde(default = "default_connection_quota")]
     pub connection_quota: u64,
-    /// Processes must send something at least this often; a connection
-    /// silent for three times this is closed.
-    #[serde(default = "default_keepalive", with = "humantime_serde")]
-    pub keepalive: Duration,
-    /// How long a new connection may take to say Hello.
-    #[serde(default = "default_hello_timeout", with = "humantime_serde")]
     /// Whether this node moves processes to other nodes on its own when
     /// it holds too many of them (see `rebalance_threshold_percent`).
     /// `POST /rebalance` and `POST /evacuate` work either way.
@@ -505,6 +505,12 @@ pub struct ClusterConfig {
     /// How often the node checks the imbalance condition.
     #[serde(default = "default_rebalance_interval", with = "humantime_serde")]
     pub rebalance_interval: Duration,
+    /// Processes must send something at least this often; a connection
+    /// silent for three times this is closed.
+    #[serde(default = "default_keepalive", with = "humantime_serde")]
+    pub keepalive: Duration,
+    /// How long a new connection may take to say Hello.
+    #[serde(default = "default_hello_timeout", with = "humantime_serde")]
     pub hello_timeout: Duration,
     /// Frames queued for one connection before it is closed as too slow.
     #[serde(default = "default_send_queue")]
@@ -685,12 +691,6 @@ fn default_connection_quota() -> u64 {
     100_000
 }
 
-fn default_keepalive() -> Duration {
-    GatewayOptions::default().keepalive
-}
-
-fn default_hello_timeout() -> Duration {
-    GatewayOptions::default().hello_timeout
 fn default_rebalance() -> bool {
     true
 }
@@ -711,6 +711,12 @@ fn default_rebalance_interval() -> Duration {
     Duration::from_secs(5)
 }
 
+fn default_keepalive() -> Duration {
+    GatewayOptions::default().keepalive
+}
+
+fn default_hello_timeout() -> Duration {
+    GatewayOptions::default().hello_timeout
 }
 
 fn default_send_queue() -> usize {

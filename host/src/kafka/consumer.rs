@@ -71,6 +71,11 @@ pub struct ConsumerOptions {
     pub max_queued_per_partition: usize,
     /// Records of one partition whose completion is still pending.
     pub max_pending_per_partition: usize,
+    /// When set, records are fetched only while it holds `true`: while it
+    /// is `false` every assigned partition is paused (work already taken
+    /// finishes and is committed; nothing is skipped), and resumed when it
+    /// turns `true` again. The cluster's live-node gate.
+    pub gate: Option<tokio::sync::watch::Receiver<bool>>,
 }
 
 impl Default for ConsumerOptions {
@@ -81,6 +86,7 @@ impl Default for ConsumerOptions {
             shutdown_grace: Duration::from_secs(30),
             max_queued_per_partition: 1_000,
             max_pending_per_partition: 1_000,
+            gate: None,
         }
     }
 }
@@ -164,10 +170,17 @@ impl ConsumerContext for RelayConsumerContext {
         }
     }
 
-    fn post_rebalance(&self, _consumer: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
+    fn post_rebalance(&self, consumer: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
         if let Rebalance::Assign(tpl) = rebalance {
             let partitions: Vec<i32> = tpl.elements().iter().map(|e| e.partition()).collect();
             tracing::info!(topic = %self.shared.topic, ?partitions, "partitions assigned");
+            // With the gate closed, a partition assigned now must not yield
+            // a record from the fetch that starts with the assignment.
+            if self.shared.gate_closed() {
+                for partition in partitions {
+                    pause(consumer, &self.shared.topic, partition, true);
+                }
+            }
         }
     }
 
@@ -268,7 +281,20 @@ impl Shared {
         shutdown: &CancellationToken,
     ) -> ConsumerReport {
         let mut last_error: Option<Instant> = None;
+        let mut gated = false;
         while !shutdown.is_cancelled() {
+            if self.gate_closed() {
+                if !gated {
+                    tracing::warn!(topic = %self.topic, "consumption paused: the gate is closed (too few live nodes)");
+                    gated = true;
+                }
+                // Every time: partitions assigned meanwhile are paused too.
+                self.pause_assignment(consumer, true);
+            } else if gated {
+                gated = false;
+                self.pause_assignment(consumer, false);
+                tracing::info!(topic = %self.topic, "consumption resumed: the gate is open again");
+            }
             match consumer.poll(Duration::from_millis(50)) {
                 Some(Ok(message)) => {
                     let record = InputRecord::from_borrowed(&message);
@@ -286,9 +312,46 @@ impl Shared {
                 None => {}
             }
             self.apply_finished(consumer);
-            self.resume_drained_lanes(consumer);
+            if !gated {
+                self.resume_drained_lanes(consumer);
+            }
         }
         self.shut_down(consumer)
+    }
+
+    /// Whether the consumer's gate (if any) is closed now.
+    fn gate_closed(&self) -> bool {
+        self.options
+            .gate
+            .as_ref()
+            .is_some_and(|gate| !*gate.borrow())
+    }
+
+    /// Pauses (or resumes) every partition assigned now; on resuming, a
+    /// lane still paused for being full stays paused.
+    fn pause_assignment(&self, consumer: &RelayBaseConsumer, paused: bool) {
+        let Ok(assignment) = consumer.assignment() else {
+            return;
+        };
+        let held_back: Vec<i32> = self
+            .lanes
+            .lock()
+            .map(|lanes| {
+                lanes
+                    .iter()
+                    .filter(|(_, lane)| lane.paused)
+                    .map(|(partition, _)| *partition)
+                    .collect()
+            })
+            .unwrap_or_default();
+        for element in assignment.elements() {
+            if element.topic() != self.topic
+                || (!paused && held_back.contains(&element.partition()))
+            {
+                continue;
+            }
+            pause(consumer, &self.topic, element.partition(), paused);
+        }
     }
 
     fn dispatch(self: &Arc<Self>, consumer: &RelayBaseConsumer, record: InputRecord) {

@@ -116,12 +116,21 @@ pub(super) fn prepare(
             retry: flow.retry.clone(),
             metrics: metrics.flow(&flow.name),
         };
+        // The cluster flow consumes only while enough nodes are live, when
+        // `cluster.pause_below_min_live` asks for it.
+        let gate = match (&flow.deliver, cluster) {
+            (Some(DeliverConfig::Cluster(_)), Some(runtime)) => runtime.consumption_gate(),
+            _ => None,
+        };
         let runner = FlowRunner::new(
             &flow.name,
             &flow.group_id(),
             &flow.input_topic,
             Arc::new(FlowMessageHandler::new(handler)),
-            consumer_options.clone(),
+            ConsumerOptions {
+                gate,
+                ..consumer_options.clone()
+            },
             consumers_stop.clone(),
         );
         runners.push((flow.link.clone(), runner));
