@@ -329,10 +329,13 @@ async fn three_nodes_route_every_message_to_its_process_exactly_once() {
             || (0..3).all(|i| cluster.cluster_json(i)["routes"] == 1000),
         )
         .await;
+    // Placement spreads them (each process dials its own node first and
+    // may be redirected to a less loaded one): about a third each.
     for i in 0..3 {
-        assert_eq!(
-            cluster.cluster_json(i)["connections"],
-            1000 / 3 + usize::from(i < 1000 % 3)
+        let connections = cluster.cluster_json(i)["connections"].as_u64().unwrap();
+        assert!(
+            connections.abs_diff(333) <= 33,
+            "node {i} holds {connections} of 1000 processes"
         );
     }
 
