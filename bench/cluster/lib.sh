@@ -157,8 +157,30 @@ create_cluster_topics() {
 # cluster on $BOOTSTRAP and waits until it is ready (its route table caught
 # up). Sets NODE_PID, NODE_CLIENT, NODE_ADMIN; also NODE_PIDS[ID] etc.
 # PRESET_CLIENT_PORT fixes the client port; NODE_EXTRA_CLUSTER is appended
-# to [cluster], NODE_EXTRA_LINK to [links.main.options].
+# to [cluster], NODE_EXTRA_LINK to [links.main.options]; NODE_HEARTBEATS
+# names the heartbeat topic (default wasmrelay.heartbeats: nodes with
+# other heartbeat and routes topics are another cluster). NODE_TLS_DIR (a
+# directory written by `wasmrelay-cluster-bench certs`, with ca.pem and
+# ID.pem / ID.key) turns on TLS on the client listener ([cluster.tls]) and
+# mutual TLS on the mesh ([cluster.mesh_tls]) with the node's certificate.
 declare -A NODE_PIDS NODE_CLIENTS NODE_ADMINS NODE_LOGS
+
+# node_tls_tables ID: the [cluster.tls] and [cluster.mesh_tls] tables of
+# node ID when NODE_TLS_DIR is set (nothing otherwise). The certificate
+# names 127.0.0.1, the host of the node's client and mesh addresses.
+node_tls_tables() {
+  local id=$1 dir=${NODE_TLS_DIR:-}
+  [[ -n "$dir" ]] || return 0
+  cat <<EOF
+[cluster.tls]
+cert = "$dir/$id.pem"
+key = "$dir/$id.key"
+[cluster.mesh_tls]
+cert = "$dir/$id.pem"
+key = "$dir/$id.key"
+ca = "$dir/ca.pem"
+EOF
+}
 start_node() {
   local id=$1 input=$2 group=$3 routes=${4:-wasmrelay.routes}
   local admin client mesh dir
@@ -186,7 +208,7 @@ link = "main"
 client_listen = "127.0.0.1:$client"
 mesh_listen = "127.0.0.1:$mesh"
 secret = "cluster-bench-secret-0123456789abcdef"
-heartbeat_topic = "wasmrelay.heartbeats"
+heartbeat_topic = "${NODE_HEARTBEATS:-wasmrelay.heartbeats}"
 routes_topic = "$routes"
 alarm_topic = "wasmrelay.alarms"
 heartbeat_interval = "500ms"
@@ -197,6 +219,7 @@ keepalive = "10s"
 # token check per Hello): processes connect without tokens.
 client_auth = "none"
 ${NODE_EXTRA_CLUSTER:-}
+$(node_tls_tables "$id")
 [[flows]]
 name = "business"
 link = "main"

@@ -32,6 +32,8 @@ def routed(rows):
                 lr, ll, ln = (l[v][key] for v in ("wasmrelay-routed", "wasmrelay-local", "nats"))
                 ratio = f"{lr / ln:.0f}x" if ln else "-"
                 print(f"| {size} B | latency {p}, ms | {lr:.2f} | {ll:.2f} | {ln:.3f} | {ratio} | {lr - ll:+.2f} ms |")
+    if any(r["variant"].endswith("-tls") for r in rows):
+        routed_tls(by, sizes)
     print()
     print("Per run (duplicates, disconnects and retries should be 0; latencies of throughput runs are")
     print("left out: there they are the time spent waiting in the backlog):")
@@ -49,6 +51,42 @@ def routed(rows):
                 f"{r['latency_ms_p99']:.2f} | {r['latency_ms_max']:.2f} | {r.get('server_cpu_ms', '-')} |"
             )
         )
+
+
+def routed_tls(by, sizes):
+    """TLS / plaintext, per path: the runs of the TLS cluster (client
+    listener TLS, mesh mutual TLS) beside the plaintext ones of the same run."""
+    paths = (("wasmrelay-routed", "A→mesh→B"), ("wasmrelay-local", "A→A"))
+
+    def per_msg(r, key):
+        return r[key] * 1000 / r["received"]
+
+    measures = [
+        ("throughput", "throughput, msg/s", lambda r: r["steady_rate_per_s"], "{:,.0f}"),
+        ("throughput", "relay nodes CPU, µs per msg", lambda r: per_msg(r, "server_cpu_ms"), "{:.1f}"),
+        ("throughput", "receiving process (SDK) CPU, µs per msg", lambda r: per_msg(r, "client_cpu_ms") if "client_cpu_ms" in r else None, "{:.1f}"),
+        ("throughput", "broker (tansu) CPU, µs per msg", lambda r: per_msg(r, "broker_cpu_ms"), "{:.1f}"),
+        ("latency", "latency mean, ms", lambda r: r["latency_ms_mean"], "{:.2f}"),
+        ("latency", "latency p50, ms", lambda r: r["latency_ms_p50"], "{:.2f}"),
+        ("latency", "latency p99, ms", lambda r: r["latency_ms_p99"], "{:.2f}"),
+    ]
+    print()
+    print("TLS (client listener TLS + mesh mutual TLS) against plaintext, same run:")
+    print()
+    print("| size | measure | " + " | ".join(f"{label} plaintext | {label} TLS | TLS / plaintext" for _, label in paths) + " |")
+    print("|---:|---|" + "---:|---:|---:|" * len(paths))
+    for size in sizes:
+        for measure, label, get, fmt in measures:
+            cells = []
+            for variant, _ in paths:
+                plain = by.get((variant, measure, size))
+                tls = by.get((variant + "-tls", measure, size))
+                p = get(plain) if plain else None
+                t = get(tls) if tls else None
+                cells.append(fmt.format(p) if p is not None else "—")
+                cells.append(fmt.format(t) if t is not None else "—")
+                cells.append(f"{t / p:.2f}x" if p and t is not None else "—")
+            print(f"| {size} B | {label} | " + " | ".join(cells) + " |")
 
 
 def idle(rows):

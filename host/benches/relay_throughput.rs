@@ -13,6 +13,20 @@
 //!
 //! Run: `cargo bench -p wasmrelay --bench relay_throughput` (needs tansu:
 //! `scripts/setup.sh`). Results go to bench/RESULTS.md.
+//!
+//! With `RELAY_BENCH_TLS=1` the whole run is done twice, first on a
+//! plaintext broker, then on one reached over TLS (tansu 0.6.0 cannot serve
+//! TLS itself, so it sits behind the test support's rustls TLS terminator,
+//! which it advertises; every client, the plain loop's and the relay's
+//! link included, uses `security.protocol=ssl` with the test CA in
+//! `ssl.ca.location`), and a table of both with the ratio TLS / plaintext
+//! is printed (markdown). CPU per record is printed too: the relay process,
+//! this process while the plain loop runs (its TLS terminator threads
+//! left out), the terminator, and tansu.
+//!
+//! `RELAY_BENCH_LINK_OPTIONS="key=value,key=value"` adds librdkafka
+//! properties to every client of both runs (the plain loop's, the relay's
+//! link, the latency readers and producer), e.g. `socket.nagle.disable=true`.
 
 #![allow(clippy::unwrap_used, clippy::print_stdout, missing_docs, dead_code)]
 
@@ -28,8 +42,9 @@ use rdkafka::Message as _;
 use rdkafka::consumer::{Consumer as _, StreamConsumer};
 use rdkafka::message::{Header, Headers as _, OwnedHeaders};
 use rdkafka::producer::{FutureProducer, FutureRecord};
+use support::pki::TestPki;
 use support::relay::RelayProcess;
-use support::tansu::{Tansu, TestRecord};
+use support::tansu::{Security, Tansu, TestRecord};
 use wasmrelay::kafka::LinkInfo;
 
 const RECORDS: usize = 20_000;
@@ -41,16 +56,225 @@ const SENT_HEADER: &str = "bench-sent-ns";
 /// readers' first fetches and connection set-up are not what is measured.
 const WARM_UP_RECORDS: usize = LATENCY_RATE as usize;
 
-/// The link settings both the relay and the plain loop use.
-fn link(kafka: &Tansu) -> LinkInfo {
-    LinkInfo {
-        bootstrap_servers: kafka.bootstrap(),
-        options: BTreeMap::from([
-            ("fetch.wait.max.ms".to_string(), "10".to_string()),
-            ("session.timeout.ms".to_string(), "6000".to_string()),
-            ("heartbeat.interval.ms".to_string(), "500".to_string()),
-        ]),
+/// The broker of one run: plaintext, or over TLS through the terminator.
+struct Broker {
+    kafka: Tansu,
+    /// The librdkafka properties of a TLS client (empty for plaintext).
+    tls_options: Vec<(String, String)>,
+    /// Holds the CA file for as long as the broker is used.
+    _pki: Option<TestPki>,
+}
+
+impl Broker {
+    fn plaintext() -> Broker {
+        Broker {
+            kafka: Tansu::start(),
+            tls_options: Vec::new(),
+            _pki: None,
+        }
     }
+
+    /// tansu behind the TLS terminator, with a certificate of a CA of its
+    /// own for 127.0.0.1 (librdkafka checks the name: its default
+    /// `ssl.endpoint.identification.algorithm` is `https`).
+    fn tls() -> Broker {
+        let pki = TestPki::new("relay-bench");
+        let cert = pki.server_cert("broker");
+        let kafka = Tansu::start_secured(Security {
+            tls: Some(cert),
+            trust_ca_pem: Some(pki.ca_pem().to_owned()),
+            scram_user: None,
+        });
+        Broker {
+            kafka,
+            tls_options: vec![
+                ("security.protocol".to_string(), "ssl".to_string()),
+                (
+                    "ssl.ca.location".to_string(),
+                    pki.ca_path().display().to_string(),
+                ),
+            ],
+            _pki: Some(pki),
+        }
+    }
+
+    fn is_tls(&self) -> bool {
+        !self.tls_options.is_empty()
+    }
+}
+
+/// The link settings both the relay and the plain loop use.
+fn link(broker: &Broker) -> LinkInfo {
+    let mut options = BTreeMap::from([
+        ("fetch.wait.max.ms".to_string(), "10".to_string()),
+        ("session.timeout.ms".to_string(), "6000".to_string()),
+        ("heartbeat.interval.ms".to_string(), "500".to_string()),
+    ]);
+    options.extend(broker.tls_options.iter().cloned());
+    options.extend(extra_link_options());
+    LinkInfo {
+        bootstrap_servers: broker.kafka.bootstrap(),
+        options,
+    }
+}
+
+/// The properties of `RELAY_BENCH_LINK_OPTIONS` (`key=value,...`).
+fn extra_link_options() -> Vec<(String, String)> {
+    std::env::var("RELAY_BENCH_LINK_OPTIONS")
+        .unwrap_or_default()
+        .split(',')
+        .filter_map(|pair| {
+            let (key, value) = pair.split_once('=')?;
+            Some((key.trim().to_string(), value.trim().to_string()))
+        })
+        .collect()
+}
+
+/// CPU time (user + system) in ms from a `/proc/.../stat` file (Linux
+/// reports it in USER_HZ = 100 ticks a second); 0 if it cannot be read.
+fn stat_cpu_ms(path: &std::path::Path) -> u64 {
+    let Ok(stat) = std::fs::read_to_string(path) else {
+        return 0;
+    };
+    let Some(close) = stat.rfind(')') else {
+        return 0;
+    };
+    // The fields after the command name; utime and stime are fields 14 and
+    // 15 of the whole line.
+    let fields: Vec<&str> = stat[close + 2..].split_whitespace().collect();
+    let ticks = |i: usize| {
+        fields
+            .get(i)
+            .and_then(|f| f.parse::<u64>().ok())
+            .unwrap_or(0)
+    };
+    (ticks(11) + ticks(12)) * 10
+}
+
+/// The pid of this process's child named `name` (tansu is spawned directly).
+fn child_pid(name: &str) -> Option<u32> {
+    let me = std::process::id().to_string();
+    std::fs::read_dir("/proc")
+        .ok()?
+        .flatten()
+        .find_map(|entry| {
+            let pid: u32 = entry.file_name().to_str()?.parse().ok()?;
+            let stat = std::fs::read_to_string(entry.path().join("stat")).ok()?;
+            let (open, close) = (stat.find('(')?, stat.rfind(')')?);
+            let ppid = stat[close + 2..].split_whitespace().nth(1)?;
+            (&stat[open + 1..close] == name && ppid == me).then_some(pid)
+        })
+}
+
+/// CPU used so far, in ms, by the parts of a run.
+#[derive(Clone, Copy, Debug, Default)]
+struct Cpu {
+    /// This process, without its TLS terminator threads.
+    bench: u64,
+    /// The TLS terminator's threads (in this process).
+    terminator: u64,
+    relay: u64,
+    broker: u64,
+}
+
+impl Cpu {
+    fn now(relay: Option<u32>, broker: Option<u32>) -> Cpu {
+        let mut terminator = 0;
+        if let Ok(tasks) = std::fs::read_dir("/proc/self/task") {
+            for task in tasks.flatten() {
+                let comm = std::fs::read_to_string(task.path().join("comm")).unwrap_or_default();
+                if comm.trim() == "tls-terminator" {
+                    terminator += stat_cpu_ms(&task.path().join("stat"));
+                }
+            }
+        }
+        let proc_stat = |pid: Option<u32>| {
+            pid.map_or(0, |pid| {
+                stat_cpu_ms(std::path::Path::new(&format!("/proc/{pid}/stat")))
+            })
+        };
+        Cpu {
+            bench: stat_cpu_ms(std::path::Path::new("/proc/self/stat")).saturating_sub(terminator),
+            terminator,
+            relay: proc_stat(relay),
+            broker: proc_stat(broker),
+        }
+    }
+
+    fn since(self, before: Cpu) -> Cpu {
+        Cpu {
+            bench: self.bench.saturating_sub(before.bench),
+            terminator: self.terminator.saturating_sub(before.terminator),
+            relay: self.relay.saturating_sub(before.relay),
+            broker: self.broker.saturating_sub(before.broker),
+        }
+    }
+}
+
+/// CPU (ms) of each group of threads of process `pid`: librdkafka's
+/// (`rdk:broker`, `rdk:main`...), tokio's workers, the rest by name without
+/// the trailing number.
+fn thread_cpu_ms(pid: u32) -> BTreeMap<String, u64> {
+    let mut groups = BTreeMap::new();
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return groups;
+    };
+    for task in tasks.flatten() {
+        let comm = std::fs::read_to_string(task.path().join("comm")).unwrap_or_default();
+        let comm = comm.trim();
+        let group = if comm.starts_with("rdk:broker") {
+            "rdk:broker".to_string()
+        } else {
+            comm.trim_end_matches(|c: char| c.is_ascii_digit() || c == '-')
+                .to_string()
+        };
+        *groups.entry(group).or_insert(0) += stat_cpu_ms(&task.path().join("stat"));
+    }
+    groups
+}
+
+/// `after` - `before`, per group.
+fn thread_cpu_since(
+    after: BTreeMap<String, u64>,
+    before: &BTreeMap<String, u64>,
+) -> BTreeMap<String, u64> {
+    after
+        .into_iter()
+        .map(|(group, ms)| {
+            let spent = ms.saturating_sub(before.get(&group).copied().unwrap_or(0));
+            (group, spent)
+        })
+        .collect()
+}
+
+/// What one run measured.
+#[derive(Debug)]
+struct Figures {
+    plain: Duration,
+    through_relay: Duration,
+    /// CPU while the plain loop ran, and while the relay drained its topic.
+    plain_cpu: Cpu,
+    relay_cpu: Cpu,
+    /// The relay's CPU (ms) while it drained its topic, per thread group.
+    relay_threads: BTreeMap<String, u64>,
+    /// Sorted latencies (ms), read directly and through the relay.
+    direct: Vec<f64>,
+    relayed: Vec<f64>,
+}
+
+impl Figures {
+    fn plain_rate(&self) -> f64 {
+        RECORDS as f64 / self.plain.as_secs_f64()
+    }
+
+    fn relay_rate(&self) -> f64 {
+        RECORDS as f64 / self.through_relay.as_secs_f64()
+    }
+}
+
+/// µs per record of `ms` CPU over the throughput run.
+fn per_record(ms: u64) -> f64 {
+    ms as f64 * 1000.0 / RECORDS as f64
 }
 
 fn now_ns() -> u128 {
@@ -61,8 +285,8 @@ fn now_ns() -> u128 {
 }
 
 /// The plain loop: consume, produce, store the offset when acknowledged.
-async fn plain_loop(kafka: &Tansu, input: &str, output: &str, expected: usize) -> Duration {
-    let info = link(kafka);
+async fn plain_loop(broker: &Broker, input: &str, output: &str, expected: usize) -> Duration {
+    let info = link(broker);
     let started = Instant::now();
     let consumer: StreamConsumer = info
         .consumer_config("bench-plain-loop", Duration::from_millis(500))
@@ -95,9 +319,16 @@ async fn plain_loop(kafka: &Tansu, input: &str, output: &str, expected: usize) -
     started.elapsed()
 }
 
-fn relay_config(kafka: &Tansu) -> String {
+fn relay_config(broker: &Broker) -> String {
     let plugins = support::plugins_dist().display();
-    let bootstrap = kafka.bootstrap();
+    let bootstrap = broker.kafka.bootstrap();
+    let extra: String = broker
+        .tls_options
+        .iter()
+        .cloned()
+        .chain(extra_link_options())
+        .map(|(key, value)| format!("\"{key}\" = \"{value}\"\n"))
+        .collect();
     let flow = |name: &str, input: &str, output: &str| {
         format!(
             "[[flows]]\nname = \"{name}\"\nlink = \"main\"\ninput_topic = \"{input}\"\nservice_call = [\"passthrough\"]\noutput_topic = \"{output}\"\ndead_letter_topic = \"{input}.dlq\"\n"
@@ -106,7 +337,7 @@ fn relay_config(kafka: &Tansu) -> String {
     format!(
         "[admin]\nlisten = \"127.0.0.1:0\"\n[plugins]\ndir = \"{plugins}\"\nwatch = false\n\
          [links.main]\nbootstrap_servers = \"{bootstrap}\"\n[links.main.options]\n\"fetch.wait.max.ms\" = \"10\"\n\
-         \"session.timeout.ms\" = \"6000\"\n\"heartbeat.interval.ms\" = \"500\"\n{}{}",
+         \"session.timeout.ms\" = \"6000\"\n\"heartbeat.interval.ms\" = \"500\"\n{extra}{}{}",
         flow("throughput", "relay-in", "relay-out"),
         flow("latency", "lat-in", "lat-out"),
     )
@@ -118,11 +349,11 @@ fn percentile(sorted: &[f64], p: f64) -> f64 {
 
 /// Reads `topic` from the beginning and records now - sent for each record.
 fn latency_reader(
-    kafka: &Tansu,
+    broker: &Broker,
     topic: &str,
     expected: usize,
 ) -> tokio::task::JoinHandle<Vec<f64>> {
-    let consumer: StreamConsumer = link(kafka)
+    let consumer: StreamConsumer = link(broker)
         .admin_config()
         .set("group.id", "bench-latency")
         .create()
@@ -165,9 +396,11 @@ fn latency_reader(
     })
 }
 
-#[tokio::main]
-async fn main() {
-    let kafka = Tansu::start();
+/// One whole run on `broker`: throughput of the plain loop and of the
+/// relay, then latency at a fixed rate.
+async fn run(broker: &Broker) -> Figures {
+    let kafka = &broker.kafka;
+    let tansu = child_pid("tansu");
     for topic in ["plain-in", "relay-in", "lat-in"] {
         kafka.create_topic(topic, 3).await;
     }
@@ -182,12 +415,17 @@ async fn main() {
     kafka.produce("relay-in", records).await;
 
     // Throughput: the plain loop, then the relay, on the same broker.
-    let plain = plain_loop(&kafka, "plain-in", "plain-out", RECORDS).await;
+    let before = Cpu::now(None, tansu);
+    let plain = plain_loop(broker, "plain-in", "plain-out", RECORDS).await;
+    let plain_cpu = Cpu::now(None, tansu).since(before);
     // Quiet, but for the line that says where the admin listener is.
     let relay = RelayProcess::start(
-        &relay_config(&kafka),
+        &relay_config(broker),
         &[("RUST_LOG", "warn,wasmrelay::node=info")],
     );
+    let relay_pid = Some(relay.pid());
+    let before = Cpu::now(relay_pid, tansu);
+    let threads_before = thread_cpu_ms(relay.pid());
     let started = Instant::now();
     while relay.metric(r#"wasmrelay_messages_returned_total{flow="throughput"}"#) < RECORDS as u64 {
         assert!(
@@ -198,14 +436,14 @@ async fn main() {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     let through_relay = started.elapsed();
-    let plain_rate = RECORDS as f64 / plain.as_secs_f64();
-    let relay_rate = RECORDS as f64 / through_relay.as_secs_f64();
+    let relay_cpu = Cpu::now(relay_pid, tansu).since(before);
+    let relay_threads = thread_cpu_since(thread_cpu_ms(relay.pid()), &threads_before);
 
     // Latency at a fixed rate.
     let count = (LATENCY_RATE * LATENCY_SECONDS) as usize;
-    let direct = latency_reader(&kafka, "lat-in", count);
-    let relayed = latency_reader(&kafka, "lat-out", count);
-    let producer: FutureProducer = link(&kafka)
+    let direct = latency_reader(broker, "lat-in", count);
+    let relayed = latency_reader(broker, "lat-out", count);
+    let producer: FutureProducer = link(broker)
         .producer_config()
         .set("linger.ms", "0")
         .create()
@@ -236,34 +474,84 @@ async fn main() {
     let direct = direct.await.unwrap();
     let relayed = relayed.await.unwrap();
     drop(relay);
+    Figures {
+        plain,
+        through_relay,
+        plain_cpu,
+        relay_cpu,
+        relay_threads,
+        direct,
+        relayed,
+    }
+}
 
+/// The figures of one run, as the benchmark has always printed them, plus
+/// CPU per record.
+fn print_run(broker: &Broker, figures: &Figures) {
+    let over = if broker.is_tls() {
+        "TLS (terminator in front of tansu)"
+    } else {
+        "loopback"
+    };
     println!();
     println!(
-        "relay throughput: {RECORDS} records of {VALUE_BYTES} B, 3 partitions, tansu on loopback"
+        "relay throughput: {RECORDS} records of {VALUE_BYTES} B, 3 partitions, tansu on {over}"
     );
     println!(
         "{:<44} {:>10.0} records/s ({:.2} s)",
         "plain rdkafka consume-produce loop",
-        plain_rate,
-        plain.as_secs_f64()
+        figures.plain_rate(),
+        figures.plain.as_secs_f64()
     );
     println!(
         "{:<44} {:>10.0} records/s ({:.2} s)",
         "wasmrelay transform flow, passthrough plugin",
-        relay_rate,
-        through_relay.as_secs_f64()
+        figures.relay_rate(),
+        figures.through_relay.as_secs_f64()
     );
     println!(
         "{:<44} {:>10.2}x",
         "relay / plain loop",
-        relay_rate / plain_rate
+        figures.relay_rate() / figures.plain_rate()
     );
+    println!(
+        "{:<44} plain loop {:>6.1}  relay {:>6.1}",
+        "CPU, µs per record: loop / relay process",
+        per_record(figures.plain_cpu.bench),
+        per_record(figures.relay_cpu.relay)
+    );
+    println!(
+        "{:<44} plain loop {:>6.1}  relay {:>6.1}",
+        "CPU, µs per record: tansu",
+        per_record(figures.plain_cpu.broker),
+        per_record(figures.relay_cpu.broker)
+    );
+    let threads: Vec<String> = figures
+        .relay_threads
+        .iter()
+        .filter(|(_, ms)| **ms > 0)
+        .map(|(group, ms)| format!("{group} {:.1}", per_record(*ms)))
+        .collect();
+    println!(
+        "{:<44} {}",
+        "relay CPU by thread, µs per record",
+        threads.join(", ")
+    );
+    if broker.is_tls() {
+        println!(
+            "{:<44} plain loop {:>6.1}  relay {:>6.1}",
+            "CPU, µs per record: TLS terminator",
+            per_record(figures.plain_cpu.terminator),
+            per_record(figures.relay_cpu.terminator)
+        );
+    }
     println!();
     println!(
         "latency at {LATENCY_RATE} records/s for {LATENCY_SECONDS} s (100 B), ms from produce to read"
     );
-    let (d50, d99) = (percentile(&direct, 0.5), percentile(&direct, 0.99));
-    let (r50, r99) = (percentile(&relayed, 0.5), percentile(&relayed, 0.99));
+    let (direct, relayed) = (&figures.direct, &figures.relayed);
+    let (d50, d99) = (percentile(direct, 0.5), percentile(direct, 0.99));
+    let (r50, r99) = (percentile(relayed, 0.5), percentile(relayed, 0.99));
     println!(
         "{:<44} p50 {d50:>7.1}  p99 {d99:>7.1}",
         "direct consumption of the input topic"
@@ -278,4 +566,127 @@ async fn main() {
         r50 - d50,
         r99 - d99
     );
+}
+
+/// Plaintext and TLS side by side (markdown), with TLS / plaintext.
+fn print_comparison(plain: &Figures, tls: &Figures) {
+    println!();
+    println!("plaintext and TLS, same run (markdown):");
+    println!();
+    println!("| measure | plaintext | TLS | TLS / plaintext |");
+    println!("|---|---:|---:|---:|");
+    let row = |label: &str, get: &dyn Fn(&Figures) -> f64, decimals: usize| {
+        let (p, t) = (get(plain), get(tls));
+        let ratio = if p > 0.0 {
+            format!("{:.2}x", t / p)
+        } else {
+            "—".to_string()
+        };
+        println!(
+            "| {label} | {} | {} | {ratio} |",
+            format_figure(p, decimals),
+            format_figure(t, decimals)
+        );
+    };
+    row("plain loop throughput, records/s", &Figures::plain_rate, 0);
+    row("wasmrelay throughput, records/s", &Figures::relay_rate, 0);
+    row(
+        "wasmrelay / plain loop",
+        &|f| f.relay_rate() / f.plain_rate(),
+        2,
+    );
+    row(
+        "plain loop CPU (bench process), µs/record",
+        &|f| per_record(f.plain_cpu.bench),
+        1,
+    );
+    row(
+        "wasmrelay process CPU, µs/record",
+        &|f| per_record(f.relay_cpu.relay),
+        1,
+    );
+    row(
+        "TLS terminator CPU, plain loop run, µs/record",
+        &|f| per_record(f.plain_cpu.terminator),
+        1,
+    );
+    row(
+        "TLS terminator CPU, relay run, µs/record",
+        &|f| per_record(f.relay_cpu.terminator),
+        1,
+    );
+    row(
+        "tansu CPU, plain loop run, µs/record",
+        &|f| per_record(f.plain_cpu.broker),
+        1,
+    );
+    row(
+        "tansu CPU, relay run, µs/record",
+        &|f| per_record(f.relay_cpu.broker),
+        1,
+    );
+    row("latency p50 direct, ms", &|f| percentile(&f.direct, 0.5), 1);
+    row(
+        "latency p99 direct, ms",
+        &|f| percentile(&f.direct, 0.99),
+        1,
+    );
+    row(
+        "latency p50 through the relay, ms",
+        &|f| percentile(&f.relayed, 0.5),
+        1,
+    );
+    row(
+        "latency p99 through the relay, ms",
+        &|f| percentile(&f.relayed, 0.99),
+        1,
+    );
+    row(
+        "latency p50 added by the relay, ms",
+        &|f| percentile(&f.relayed, 0.5) - percentile(&f.direct, 0.5),
+        1,
+    );
+    row(
+        "latency p99 added by the relay, ms",
+        &|f| percentile(&f.relayed, 0.99) - percentile(&f.direct, 0.99),
+        1,
+    );
+}
+
+/// `value` with `decimals` decimals, thousands separated when whole.
+fn format_figure(value: f64, decimals: usize) -> String {
+    if decimals > 0 {
+        return format!("{value:.decimals$}");
+    }
+    let whole = format!("{:.0}", value.abs());
+    let mut grouped = String::new();
+    for (i, digit) in whole.chars().enumerate() {
+        if i > 0 && (whole.len() - i) % 3 == 0 {
+            grouped.push(',');
+        }
+        grouped.push(digit);
+    }
+    if value < 0.0 {
+        format!("-{grouped}")
+    } else {
+        grouped
+    }
+}
+
+#[tokio::main]
+async fn main() {
+    let tls = std::env::var("RELAY_BENCH_TLS").is_ok_and(|v| v == "1");
+    let plain = {
+        let broker = Broker::plaintext();
+        let figures = run(&broker).await;
+        print_run(&broker, &figures);
+        figures
+    };
+    if tls {
+        // The plaintext broker is gone; the same run over TLS.
+        let broker = Broker::tls();
+        let figures = run(&broker).await;
+        print_run(&broker, &figures);
+        print_comparison(&plain, &figures);
+    }
 }

@@ -11,6 +11,7 @@
 
 #![allow(clippy::print_stdout)]
 
+mod certs;
 mod kafka;
 mod nats;
 mod relay;
@@ -50,6 +51,8 @@ enum Command {
     NatsPubSub(nats::PubSub),
     /// Holds many idle NATS client connections, each with one subscription.
     NatsIdle(nats::Idle),
+    /// Writes a throw-away CA and node certificates (PEM) for the TLS runs.
+    Certs(certs::Certs),
 }
 
 fn main() -> std::process::ExitCode {
@@ -69,6 +72,7 @@ fn main() -> std::process::ExitCode {
             Command::Idle(args) => relay::idle(args).await,
             Command::NatsPubSub(args) => nats::pub_sub(args).await,
             Command::NatsIdle(args) => nats::idle(args).await,
+            Command::Certs(args) => certs::certs(args).await,
         }
     });
     match result {

@@ -9,10 +9,41 @@ use std::time::{Duration, Instant};
 use futures::StreamExt as _;
 use serde_json::json;
 use tokio::sync::mpsc;
-use wasmrelay_client::{Client, ClientConfig, Event, Events};
+use wasmrelay_client::{Client, ClientConfig, ClientTls, Event, Events};
 
 use crate::stats::Observations;
 use crate::{emit, now_ns, read_stamp};
+
+/// The client configuration of one process: over TLS, trusting only the CA
+/// in `ca` (PEM), when it is given.
+fn client_config(
+    addresses: &[String],
+    process_id: String,
+    ca: Option<&std::path::Path>,
+) -> Result<ClientConfig, String> {
+    let config = ClientConfig::new(addresses.to_vec(), process_id);
+    Ok(match ca {
+        None => config,
+        Some(path) => config.with_tls(ClientTls::with_ca_file(path).map_err(|e| e.to_string())?),
+    })
+}
+
+/// CPU time (user + system) this process has used so far, in ms
+/// (`/proc/self/stat`; Linux reports it in USER_HZ = 100 ticks a second).
+fn own_cpu_ms() -> u64 {
+    std::fs::read_to_string("/proc/self/stat")
+        .ok()
+        .and_then(|stat| {
+            // The fields after the command name, which is in parentheses.
+            let rest = &stat[stat.rfind(')')? + 2..];
+            let fields: Vec<&str> = rest.split_whitespace().collect();
+            // utime and stime are fields 14 and 15 of the whole line.
+            let utime: u64 = fields.get(11)?.parse().ok()?;
+            let stime: u64 = fields.get(12)?.parse().ok()?;
+            Some((utime + stime) * 10)
+        })
+        .unwrap_or(0)
+}
 
 fn split(list: &str) -> Vec<String> {
     list.split(',')
@@ -54,6 +85,10 @@ pub(crate) struct Receive {
     /// Writes every arrival (`seq sent_ns arrived_ns`) to this file.
     #[arg(long)]
     dump: Option<std::path::PathBuf>,
+    /// Connect over TLS, trusting only the CA certificate(s) in this PEM
+    /// file (the node's certificate must name the host dialed).
+    #[arg(long)]
+    ca: Option<std::path::PathBuf>,
 }
 
 /// Connects, retrying every 20 ms for up to `wait` while nothing answers.
@@ -79,7 +114,7 @@ pub(crate) async fn receive(args: Receive) -> Result<(), String> {
     let disconnects = Arc::new(AtomicU64::new(0));
     let mut clients = Vec::new();
     for process_id in split(&args.process_ids) {
-        let mut config = ClientConfig::new(addresses.clone(), process_id.clone());
+        let mut config = client_config(&addresses, process_id.clone(), args.ca.as_deref())?;
         config.initial_backoff = Duration::from_millis(50);
         config.max_backoff = Duration::from_millis(500);
         let (client, mut events) =
@@ -117,6 +152,7 @@ pub(crate) async fn receive(args: Receive) -> Result<(), String> {
         std::fs::write(path, b"").map_err(|e| format!("writing {}: {e}", path.display()))?;
     }
     eprintln!("receive: {} processes registered", clients.len());
+    let cpu_at_ready = own_cpu_ms();
     let mut seen = HashSet::new();
     let mut observations = Observations::default();
     let deadline = tokio::time::Instant::now() + Duration::from_secs(args.timeout_s);
@@ -136,6 +172,9 @@ pub(crate) async fn receive(args: Receive) -> Result<(), String> {
             }
         }
     }
+    // Before writing the dump: the CPU of receiving, decrypting when over
+    // TLS, acknowledging and recording.
+    let client_cpu_ms = own_cpu_ms().saturating_sub(cpu_at_ready);
     if let Some(path) = &args.dump {
         let text: String = observations
             .arrivals
@@ -145,6 +184,7 @@ pub(crate) async fn receive(args: Receive) -> Result<(), String> {
         std::fs::write(path, text).map_err(|e| format!("writing {}: {e}", path.display()))?;
     }
     let mut summary = observations.summary(args.steady_from, args.warmup);
+    summary["client_cpu_ms"] = json!(client_cpu_ms);
     summary["expected"] = json!(args.expect);
     summary["timed_out"] = json!(timed_out);
     summary["disconnects"] = json!(disconnects.load(Ordering::Relaxed));
@@ -183,6 +223,10 @@ pub(crate) struct Idle {
     /// Written (empty) once every process is registered.
     #[arg(long)]
     ready_file: Option<std::path::PathBuf>,
+    /// Connect over TLS, trusting only the CA certificate(s) in this PEM
+    /// file.
+    #[arg(long)]
+    ca: Option<std::path::PathBuf>,
 }
 
 /// Opens the connections, reports, then holds them until SIGTERM or SIGINT.
@@ -190,8 +234,11 @@ pub(crate) async fn idle(args: Idle) -> Result<(), String> {
     let addresses = split(&args.connect);
     let started = Instant::now();
     let disconnects = Arc::new(AtomicU64::new(0));
+    // Read once: every connection shares the parsed CA.
+    let base = client_config(&addresses, String::new(), args.ca.as_deref())?;
     let connect = |n: u64| {
-        let mut config = ClientConfig::new(addresses.clone(), format!("{}{n}", args.prefix));
+        let mut config = base.clone();
+        config.process_id = format!("{}{n}", args.prefix);
         config.connect_timeout = Duration::from_secs(30);
         async move { Client::connect(config).await }
     };
