@@ -8,6 +8,14 @@ cd "$(dirname "$0")/.."
 
 say() { printf '\033[1m==> %s\033[0m\n' "$*" >&2; }
 
+# A full build of the workspace and its tests takes about 15 GiB; say so up
+# front rather than failing an hour in with "No space left on device".
+free_kib="$(df -Pk . | awk 'NR == 2 { print $4 }')"
+if [[ -n "$free_kib" ]] && ((free_kib < 20 * 1024 * 1024)); then
+  printf 'warning: only %d GiB free on %s; building and testing needs about 20 GiB\n' \
+    $((free_kib / 1024 / 1024)) "$(pwd)" >&2
+fi
+
 scripts/setup.sh
 
 say "cargo fmt --check (host and plugins)"

@@ -170,7 +170,7 @@ async fn switch_under_load_loses_nothing(center: &str, point_at: impl AsyncFn(&T
     kafka1.produce(INPUT, numbered(300..500)).await;
     point_at(&kafka2).await;
     relay
-        .wait_for("the switch", Duration::from_secs(30), || {
+        .wait_for("the switch", Duration::from_secs(60), || {
             links(&relay)["links"][0]["current"]["bootstrap_servers"] == kafka2.bootstrap()
         })
         .await;
@@ -179,7 +179,7 @@ async fn switch_under_load_loses_nothing(center: &str, point_at: impl AsyncFn(&T
     relay
         .wait_for(
             "every message of both clusters",
-            Duration::from_secs(120),
+            Duration::from_secs(240),
             || received(&app).len() == 800,
         )
         .await;
