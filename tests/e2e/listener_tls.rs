@@ -10,10 +10,9 @@ use std::collections::HashSet;
 use std::path::Path;
 use std::time::Duration;
 
-use serde_json::Value;
 use support::pki::TestPki;
 use support::processes::{ProcessPool, node_config};
-use support::relay::{RelayProcess, http_get};
+use support::relay::RelayProcess;
 use support::tansu::{Tansu, TestRecord};
 use wasmrelay_client::{ClientConfig, ClientTls};
 
@@ -45,11 +44,6 @@ fn tls_node(id: &str, kafka: &Tansu, pki: &TestPki) -> RelayProcess {
     RelayProcess::start(&config, &[])
 }
 
-fn cluster_json(node: &RelayProcess) -> Value {
-    let (_, body) = http_get(&format!("{}/cluster", node.admin)).expect("no /cluster");
-    serde_json::from_str(&body).unwrap_or(Value::Null)
-}
-
 /// Runs the example client: (success, stderr).
 async fn relay_client(addr: &str, process_id: &str, args: &[&str]) -> (bool, String) {
     let run = support::run_relay_client(addr, process_id, args).await;
@@ -72,7 +66,7 @@ async fn a_cluster_with_mutual_tls_clients_and_mesh_delivers_everything_and_refu
         Duration::from_secs(30),
         || {
             [(&a, "node-b"), (&b, "node-a")].iter().all(|(node, peer)| {
-                cluster_json(node)["mesh"]
+                node.cluster_json()["mesh"]
                     .as_array()
                     .is_some_and(|mesh| mesh.iter().any(|id| id == peer))
             })
@@ -101,7 +95,7 @@ async fn a_cluster_with_mutual_tls_clients_and_mesh_delivers_everything_and_refu
         || {
             [&a, &b]
                 .iter()
-                .all(|node| cluster_json(node)["routes"] == processes.len())
+                .all(|node| node.cluster_json()["routes"] == processes.len())
         },
     )
     .await;
@@ -129,7 +123,7 @@ async fn a_cluster_with_mutual_tls_clients_and_mesh_delivers_everything_and_refu
     let forwarded: u64 = [&a, &b]
         .iter()
         .map(|node| {
-            cluster_json(node)["stats"]["forwards_delivered"]
+            node.cluster_json()["stats"]["forwards_delivered"]
                 .as_u64()
                 .unwrap()
         })

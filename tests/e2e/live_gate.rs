@@ -6,19 +6,13 @@
 
 use std::time::Duration;
 
-use serde_json::Value;
 use support::processes::{ProcessPool, node_config};
-use support::relay::{RelayProcess, http_get};
+use support::relay::RelayProcess;
 use support::tansu::{Tansu, TestRecord};
 
 use wasmrelay_test_support as support;
 
 const GATED: &str = "min_live_nodes = 2\npause_below_min_live = true";
-
-fn cluster_json(node: &RelayProcess) -> Value {
-    let (_, body) = http_get(&format!("{}/cluster", node.admin)).expect("no /cluster");
-    serde_json::from_str(&body).unwrap_or(Value::Null)
-}
 
 fn node(id: &str, kafka: &Tansu) -> RelayProcess {
     RelayProcess::start(&node_config(id, &kafka.bootstrap(), GATED), &[])
@@ -55,7 +49,7 @@ async fn below_min_live_nodes_the_cluster_flow_waits_and_goes_on_when_nodes_are_
     kafka.produce("business", messages(0, 10)).await;
     tokio::time::sleep(Duration::from_secs(5)).await;
     assert_eq!(pool.count(), 0, "consumed below the minimum");
-    let view = cluster_json(&a);
+    let view = a.cluster_json();
     assert_eq!(view["consumption_paused"], true, "{view}");
     assert_eq!(view["alarm"], true, "{view}");
 
@@ -67,12 +61,12 @@ async fn below_min_live_nodes_the_cluster_flow_waits_and_goes_on_when_nodes_are_
         || values(&pool) == (0..10).collect::<Vec<u32>>(),
     )
     .await;
-    assert_eq!(cluster_json(&a)["consumption_paused"], false);
+    assert_eq!(a.cluster_json()["consumption_paused"], false);
 
     // The second node dies: consumption stops again.
     b.sigkill();
     a.wait_for("node-a pauses", Duration::from_secs(30), || {
-        cluster_json(&a)["consumption_paused"] == true
+        a.cluster_json()["consumption_paused"] == true
     })
     .await;
     kafka.produce("business", messages(10, 10)).await;

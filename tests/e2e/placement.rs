@@ -7,18 +7,12 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
-use serde_json::Value;
 use support::processes::{ProcessPool, node_config};
-use support::relay::{RelayProcess, http_get};
+use support::relay::RelayProcess;
 use support::tansu::Tansu;
 use wasmrelay_client::{Client, ClientConfig};
 
 use wasmrelay_test_support as support;
-
-fn cluster_json(node: &RelayProcess) -> Value {
-    let (_, body) = http_get(&format!("{}/cluster", node.admin)).expect("no /cluster");
-    serde_json::from_str(&body).unwrap_or(Value::Null)
-}
 
 /// Nodes `node-1`, `node-2`, ... with the given quotas (and `extra` in
 /// `[cluster]`), once each sees all of them live.
@@ -35,32 +29,8 @@ async fn start_nodes(kafka: &Tansu, quotas: &[u64], extra: &str) -> Vec<RelayPro
             RelayProcess::start(&config, &[])
         })
         .collect();
-    nodes[0]
-        .wait_for(
-            "every node live everywhere",
-            Duration::from_secs(30),
-            || {
-                nodes
-                    .iter()
-                    .all(|node| cluster_json(node)["live"] == quotas.len())
-            },
-        )
-        .await;
+    RelayProcess::wait_all_live(&nodes, quotas.len(), Duration::from_secs(30)).await;
     nodes
-}
-
-/// Connections each node holds, by node id, as its `/cluster` says.
-fn connections(nodes: &[RelayProcess]) -> HashMap<String, u64> {
-    nodes
-        .iter()
-        .map(|node| {
-            let view = cluster_json(node);
-            (
-                view["node"].as_str().unwrap_or_default().to_string(),
-                view["connections"].as_u64().unwrap_or_default(),
-            )
-        })
-        .collect()
 }
 
 fn sdk_config(address: &str, process_id: &str) -> ClientConfig {
@@ -84,10 +54,13 @@ async fn processes_given_one_address_spread_over_the_nodes_by_quota() {
     }
     nodes[0]
         .wait_for("every process counted", Duration::from_secs(30), || {
-            connections(&nodes).values().sum::<u64>() == total
+            RelayProcess::connections_by_node(&nodes)
+                .values()
+                .sum::<u64>()
+                == total
         })
         .await;
-    let counts = connections(&nodes);
+    let counts = RelayProcess::connections_by_node(&nodes);
     let quota_sum: u64 = quotas.iter().sum();
     for (i, quota) in quotas.iter().enumerate() {
         let count = counts[&format!("node-{}", i + 1)];
@@ -115,7 +88,7 @@ async fn processes_given_one_address_spread_over_the_nodes_by_quota() {
     let redirected: u64 = nodes
         .iter()
         .map(|node| {
-            cluster_json(node)["stats"]["clients_redirected"]
+            node.cluster_json()["stats"]["clients_redirected"]
                 .as_u64()
                 .unwrap()
         })
@@ -137,7 +110,7 @@ async fn a_full_cluster_refuses_a_new_process_with_the_reason() {
         pool.connect(std::slice::from_ref(&first), &format!("p-{n}"), false)
             .await;
     }
-    let counts = connections(&nodes);
+    let counts = RelayProcess::connections_by_node(&nodes);
     assert_eq!(
         counts,
         HashMap::from([
@@ -157,7 +130,7 @@ async fn a_full_cluster_refuses_a_new_process_with_the_reason() {
     let refused: u64 = nodes
         .iter()
         .map(|node| {
-            cluster_json(node)["stats"]["clients_refused_full"]
+            node.cluster_json()["stats"]["clients_refused_full"]
                 .as_u64()
                 .unwrap()
         })
@@ -186,13 +159,7 @@ async fn a_router_plugins_place_pins_processes_to_a_node() {
             RelayProcess::start(&config, &[])
         })
         .collect();
-    nodes[0]
-        .wait_for(
-            "every node live everywhere",
-            Duration::from_secs(30),
-            || nodes.iter().all(|node| cluster_json(node)["live"] == 3),
-        )
-        .await;
+    RelayProcess::wait_all_live(&nodes, 3, Duration::from_secs(30)).await;
     // Everyone connects to node-3 first.
     let third = nodes[2].client_addr().unwrap();
     let mut pool = ProcessPool::default();

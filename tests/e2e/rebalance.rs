@@ -6,12 +6,11 @@
 //! the admin token.
 
 use std::collections::{HashMap, HashSet};
-use std::io::Write as _;
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
 use support::processes::{ProcessPool, node_config};
-use support::relay::{RelayProcess, http_get_with_token};
+use support::relay::{RelayProcess, http_post_with_token};
 use support::tansu::{Tansu, TestRecord};
 use wasmrelay_client::ClientConfig;
 
@@ -35,72 +34,15 @@ fn config(node_id: &str, kafka: &Tansu) -> String {
     )
 }
 
-fn cluster_json(node: &RelayProcess) -> Value {
-    let (_, body) =
-        http_get_with_token(&format!("{}/cluster", node.admin), Some(TOKEN)).expect("no /cluster");
-    serde_json::from_str(&body).unwrap_or(Value::Null)
-}
-
-/// A blocking POST with the token when given: (status, body).
-fn http_post(url: &str, token: Option<&str>) -> (u16, String) {
-    let rest = url.strip_prefix("http://").unwrap();
-    let (host, path) = rest
-        .split_once('/')
-        .map(|(h, p)| (h, format!("/{p}")))
-        .unwrap();
-    let mut stream = std::net::TcpStream::connect(host).unwrap();
-    stream
-        .set_read_timeout(Some(Duration::from_secs(5)))
-        .unwrap();
-    let authorization = token
-        .map(|token| format!("Authorization: Bearer {token}\r\n"))
-        .unwrap_or_default();
-    write!(
-        stream,
-        "POST {path} HTTP/1.1\r\nHost: {host}\r\n{authorization}Content-Length: 0\r\nConnection: close\r\n\r\n"
-    )
-    .unwrap();
-    let mut response = String::new();
-    std::io::Read::read_to_string(&mut stream, &mut response).unwrap();
-    let status = response.split_whitespace().nth(1).unwrap().parse().unwrap();
-    let body = response
-        .split_once("\r\n\r\n")
-        .map(|(_, b)| b.to_string())
-        .unwrap_or_default();
-    (status, body)
+/// Node `node_id`, started, its admin requests made with the token.
+fn node(node_id: &str, kafka: &Tansu) -> RelayProcess {
+    RelayProcess::start(&config(node_id, kafka), &[]).with_admin_token(TOKEN)
 }
 
 async fn start_nodes(kafka: &Tansu, ids: &[&str], live: usize) -> Vec<RelayProcess> {
-    let nodes: Vec<RelayProcess> = ids
-        .iter()
-        .map(|id| RelayProcess::start(&config(id, kafka), &[]))
-        .collect();
-    wait_live(&nodes, live).await;
+    let nodes: Vec<RelayProcess> = ids.iter().map(|id| node(id, kafka)).collect();
+    RelayProcess::wait_all_live(&nodes, live, Duration::from_secs(60)).await;
     nodes
-}
-
-async fn wait_live(nodes: &[RelayProcess], live: usize) {
-    nodes[0]
-        .wait_for(
-            "every node live everywhere",
-            Duration::from_secs(60),
-            || nodes.iter().all(|node| cluster_json(node)["live"] == live),
-        )
-        .await;
-}
-
-/// Connections by node id, from each node's `/cluster`.
-fn connections(nodes: &[RelayProcess]) -> HashMap<String, u64> {
-    nodes
-        .iter()
-        .map(|node| {
-            let view = cluster_json(node);
-            (
-                view["node"].as_str().unwrap_or_default().to_string(),
-                view["connections"].as_u64().unwrap_or_default(),
-            )
-        })
-        .collect()
 }
 
 /// Whether no node meets the imbalance condition (equal quotas, the
@@ -211,13 +153,16 @@ async fn a_fourth_node_takes_its_share_at_the_rate_without_losing_messages() {
     let ids = connect_all(&mut pool, &first, PROCESSES).await;
     nodes[0]
         .wait_for("every process counted", Duration::from_secs(60), || {
-            connections(&nodes).values().sum::<u64>() == PROCESSES as u64
+            RelayProcess::connections_by_node(&nodes)
+                .values()
+                .sum::<u64>()
+                == PROCESSES as u64
         })
         .await;
-    let before = connections(&nodes);
+    let before = RelayProcess::connections_by_node(&nodes);
     assert!(balanced(&before), "unbalanced before the join: {before:?}");
 
-    nodes.push(RelayProcess::start(&config("node-4", &kafka), &[]));
+    nodes.push(node("node-4", &kafka));
     let joined = Instant::now();
     // A message to every process while they move, in waves.
     let mut expected = HashSet::new();
@@ -240,7 +185,7 @@ async fn a_fourth_node_takes_its_share_at_the_rate_without_losing_messages() {
             "node-4 holding its share and every node within the condition",
             Duration::from_secs(60).saturating_sub(joined.elapsed()),
             || {
-                last = connections(&nodes);
+                last = RelayProcess::connections_by_node(&nodes);
                 last.len() == 4
                     && last.values().sum::<u64>() == PROCESSES as u64
                     && last["node-4"] > 0
@@ -251,7 +196,7 @@ async fn a_fourth_node_takes_its_share_at_the_rate_without_losing_messages() {
     eprintln!("balanced {:?} after the join: {last:?}", joined.elapsed());
     let mut total_moves = 0;
     for node in &nodes {
-        let view = cluster_json(node);
+        let view = node.cluster_json();
         let (rebalanced, evacuated, span) = moves(&view);
         assert_eq!(evacuated, 0);
         assert_paced(view["node"].as_str().unwrap(), rebalanced, span);
@@ -286,22 +231,24 @@ async fn evacuating_a_node_moves_all_its_processes_and_takes_no_new_one() {
     let admin = &nodes[0].admin;
 
     // Changes need the token.
-    let (status, _) = http_post(&format!("{admin}/rebalance"), None);
+    let (status, _) = http_post_with_token(&format!("{admin}/rebalance"), None).unwrap();
     assert_eq!(status, 401);
-    let (status, _) = http_post(&format!("{admin}/evacuate"), Some("wrong-token"));
+    let (status, _) =
+        http_post_with_token(&format!("{admin}/evacuate"), Some("wrong-token")).unwrap();
     assert_eq!(status, 401);
-    let (status, body) = http_post(&format!("{admin}/rebalance"), Some(TOKEN));
+    let (status, body) = http_post_with_token(&format!("{admin}/rebalance"), Some(TOKEN)).unwrap();
     assert_eq!(status, 202, "{body}");
     let answer: Value = serde_json::from_str(&body).unwrap();
     assert_eq!(answer["overloaded"], false, "{answer}");
 
     let mut pool = ProcessPool::default();
     let ids = connect_all(&mut pool, &first, 300).await;
-    let before = connections(&nodes);
+    let before = RelayProcess::connections_by_node(&nodes);
     let on_first = before["node-1"];
     assert!(on_first > 50, "{before:?}");
 
-    let (status, body) = http_post(&format!("{admin}/evacuate?rate=100"), Some(TOKEN));
+    let (status, body) =
+        http_post_with_token(&format!("{admin}/evacuate?rate=100"), Some(TOKEN)).unwrap();
     assert_eq!(status, 202, "{body}");
     let started = Instant::now();
     let mut expected = HashSet::new();
@@ -314,11 +261,11 @@ async fn evacuating_a_node_moves_all_its_processes_and_takes_no_new_one() {
     }
     nodes[0]
         .wait_for("node-1 empty", Duration::from_secs(30), || {
-            let counts = connections(&nodes);
+            let counts = RelayProcess::connections_by_node(&nodes);
             counts["node-1"] == 0 && counts.values().sum::<u64>() == 300
         })
         .await;
-    let view = cluster_json(&nodes[0]);
+    let view = nodes[0].cluster_json();
     assert_eq!(view["evacuating"], true, "{view}");
     let (rebalanced, evacuated, span) = moves(&view);
     assert_eq!(rebalanced, 0);
@@ -335,7 +282,7 @@ async fn evacuating_a_node_moves_all_its_processes_and_takes_no_new_one() {
             "node-2 sees node-1 evacuating",
             Duration::from_secs(10),
             || {
-                cluster_json(&nodes[1])["nodes"]
+                nodes[1].cluster_json()["nodes"]
                     .as_array()
                     .unwrap()
                     .iter()
@@ -355,7 +302,7 @@ async fn evacuating_a_node_moves_all_its_processes_and_takes_no_new_one() {
             .all(|node| node.as_deref() != Some("node-1")),
         "{placed:?}"
     );
-    assert_eq!(connections(&nodes)["node-1"], 0);
+    assert_eq!(RelayProcess::connections_by_node(&nodes)["node-1"], 0);
 
     nodes[0]
         .wait_for("every message received", Duration::from_secs(60), || {

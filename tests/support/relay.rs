@@ -2,6 +2,7 @@
 //! waits until its `/readyz` says ready, and stops it with the signal a test
 //! asks for.
 
+use std::collections::HashMap;
 use std::io::Write as _;
 use std::path::PathBuf;
 use std::process::{Child, Command, ExitStatus, Stdio};
@@ -27,6 +28,8 @@ pub struct RelayProcess {
     client: Option<String>,
     mesh: Option<String>,
     log_path: PathBuf,
+    /// The admin token [`RelayProcess::cluster_json`] sends, if any.
+    admin_token: Option<String>,
     _dir: tempfile::TempDir,
 }
 
@@ -63,6 +66,7 @@ impl RelayProcess {
             client: None,
             mesh: None,
             log_path,
+            admin_token: None,
             _dir: dir,
         };
         let timeout = Duration::from_secs(60);
@@ -204,6 +208,49 @@ impl RelayProcess {
     }
 }
 
+/// What the nodes of a cluster test read from each other's admin API.
+impl RelayProcess {
+    /// Sends `token` (the config's `[admin] token`) with the admin requests
+    /// of [`RelayProcess::cluster_json`].
+    pub fn with_admin_token(mut self, token: &str) -> RelayProcess {
+        self.admin_token = Some(token.to_string());
+        self
+    }
+
+    /// This node's `/cluster` (Null when it does not parse).
+    pub fn cluster_json(&self) -> serde_json::Value {
+        let url = format!("{}/cluster", self.admin);
+        let (_, body) =
+            http_get_with_token(&url, self.admin_token.as_deref()).expect("no /cluster");
+        serde_json::from_str(&body).unwrap_or(serde_json::Value::Null)
+    }
+
+    /// Waits (up to `timeout`) until every one of `nodes` sees `live` nodes
+    /// live.
+    pub async fn wait_all_live(nodes: &[RelayProcess], live: usize, timeout: Duration) {
+        nodes[0]
+            .wait_for("every node live everywhere", timeout, || {
+                nodes.iter().all(|node| node.cluster_json()["live"] == live)
+            })
+            .await;
+    }
+
+    /// The processes each of `nodes` holds, by node id, as its `/cluster`
+    /// says.
+    pub fn connections_by_node(nodes: &[RelayProcess]) -> HashMap<String, u64> {
+        nodes
+            .iter()
+            .map(|node| {
+                let view = node.cluster_json();
+                (
+                    view["node"].as_str().unwrap_or_default().to_string(),
+                    view["connections"].as_u64().unwrap_or_default(),
+                )
+            })
+            .collect()
+    }
+}
+
 impl Drop for RelayProcess {
     fn drop(&mut self) {
         self.sigkill();
@@ -279,6 +326,16 @@ pub fn http_get(url: &str) -> Option<(u16, String)> {
 /// A blocking GET with `Authorization: Bearer <token>` when given:
 /// (status, body), or None if nothing answered.
 pub fn http_get_with_token(url: &str, token: Option<&str>) -> Option<(u16, String)> {
+    http_request("GET", url, token)
+}
+
+/// A blocking POST without a body, with `Authorization: Bearer <token>`
+/// when given: (status, body), or None if nothing answered.
+pub fn http_post_with_token(url: &str, token: Option<&str>) -> Option<(u16, String)> {
+    http_request("POST", url, token)
+}
+
+fn http_request(method: &str, url: &str, token: Option<&str>) -> Option<(u16, String)> {
     let rest = url.strip_prefix("http://")?;
     let (host, path) = rest
         .split_once('/')
@@ -289,9 +346,14 @@ pub fn http_get_with_token(url: &str, token: Option<&str>) -> Option<(u16, Strin
     let authorization = token
         .map(|token| format!("Authorization: Bearer {token}\r\n"))
         .unwrap_or_default();
+    let length = if method == "GET" {
+        ""
+    } else {
+        "Content-Length: 0\r\n"
+    };
     write!(
         stream,
-        "GET {path} HTTP/1.1\r\nHost: {host}\r\n{authorization}Connection: close\r\n\r\n"
+        "{method} {path} HTTP/1.1\r\nHost: {host}\r\n{authorization}{length}Connection: close\r\n\r\n"
     )
     .ok()?;
     let mut response = String::new();

@@ -43,6 +43,18 @@ impl NodeLoad {
     fn has_room(&self) -> bool {
         self.connections < self.quota
     }
+
+    /// Node `id` (clients at `id:7400`) holding `connections` of `quota`:
+    /// the loads of the placement and rebalancing tests.
+    #[cfg(test)]
+    pub(crate) fn of_test_node(id: &str, connections: u64, quota: u64) -> NodeLoad {
+        NodeLoad {
+            node_id: id.to_string(),
+            client_addr: format!("{id}:7400"),
+            connections,
+            quota,
+        }
+    }
 }
 
 /// The built-in choice among `loads`: the node with room and the lowest
@@ -243,12 +255,7 @@ mod tests {
     use crate::cluster::membership::{Heartbeat, NodeView};
 
     fn load(id: &str, connections: u64, quota: u64) -> NodeLoad {
-        NodeLoad {
-            node_id: id.to_string(),
-            client_addr: format!("{id}:7400"),
-            connections,
-            quota,
-        }
+        NodeLoad::of_test_node(id, connections, quota)
     }
 
     #[test]
@@ -274,24 +281,17 @@ mod tests {
     #[test]
     fn placing_in_turn_fills_nodes_in_proportion_to_their_quotas() {
         let mut loads = vec![load("a", 0, 1000), load("b", 0, 1000), load("c", 0, 500)];
-        for _ in 0..2000 {
-            let chosen = least_loaded(&loads, "a").unwrap().node_id.clone();
-            loads
-                .iter_mut()
-                .find(|l| l.node_id == chosen)
-                .unwrap()
-                .connections += 1;
-        }
+        let place = |loads: &mut Vec<NodeLoad>, processes: usize| {
+            for _ in 0..processes {
+                let chosen = least_loaded(loads, "a").unwrap().node_id.clone();
+                let node = loads.iter_mut().find(|l| l.node_id == chosen).unwrap();
+                node.connections += 1;
+            }
+        };
+        place(&mut loads, 2000);
         let counts: Vec<u64> = loads.iter().map(|l| l.connections).collect();
         assert_eq!(counts, vec![800, 800, 400]);
-        for _ in 0..500 {
-            let chosen = least_loaded(&loads, "a").unwrap().node_id.clone();
-            loads
-                .iter_mut()
-                .find(|l| l.node_id == chosen)
-                .unwrap()
-                .connections += 1;
-        }
+        place(&mut loads, 500);
         assert_eq!(least_loaded(&loads, "a"), None, "{loads:?}");
     }
 

@@ -440,12 +440,7 @@ mod tests {
     use super::*;
 
     fn load(id: &str, connections: u64, quota: u64) -> NodeLoad {
-        NodeLoad {
-            node_id: id.to_string(),
-            client_addr: format!("{id}:7400"),
-            connections,
-            quota,
-        }
+        NodeLoad::of_test_node(id, connections, quota)
     }
 
     #[test]
