@@ -156,8 +156,9 @@ create_cluster_topics() {
 # start_node ID INPUT_TOPIC GROUP [ROUTES_TOPIC]: starts a node of the
 # cluster on $BOOTSTRAP and waits until it is ready (its route table caught
 # up). Sets NODE_PID, NODE_CLIENT, NODE_ADMIN; also NODE_PIDS[ID] etc.
-# PRESET_CLIENT_PORT fixes the client port; NODE_EXTRA_CLUSTER is appended
-# to [cluster], NODE_EXTRA_LINK to [links.main.options]; NODE_HEARTBEATS
+# PRESET_CLIENT_PORT fixes the client port, PRESET_ADMIN_PORT the admin
+# port; NODE_EXTRA_CLUSTER is appended to [cluster], NODE_EXTRA_LINK to
+# [links.main.options]; NODE_HEARTBEATS
 # names the heartbeat topic (default wasmrelay.heartbeats: nodes with
 # other heartbeat and routes topics are another cluster). NODE_TLS_DIR (a
 # directory written by `wasmrelay-cluster-bench certs`, with ca.pem and
@@ -184,7 +185,7 @@ EOF
 start_node() {
   local id=$1 input=$2 group=$3 routes=${4:-wasmrelay.routes}
   local admin client mesh dir
-  admin=$(free_port); client=${PRESET_CLIENT_PORT:-$(free_port)}; mesh=$(free_port)
+  admin=${PRESET_ADMIN_PORT:-$(free_port)}; client=${PRESET_CLIENT_PORT:-$(free_port)}; mesh=$(free_port)
   dir="$RUN_DIR/node-$id"
   mkdir -p "$dir/plugins"
   cat >"$dir/node.toml" <<EOF

@@ -94,8 +94,16 @@ pub(crate) struct Produce {
     #[arg(long)]
     size: usize,
     /// The process the messages are for (header `process-id`).
-    #[arg(long)]
-    process_id: String,
+    #[arg(long, required_unless_present = "processes")]
+    process_id: Option<String>,
+    /// Spread the messages over this many processes, `<process-prefix><n>`
+    /// for n = seq mod `processes` (header `process-id`, and the record key,
+    /// so that the messages of one process stay in one partition).
+    #[arg(long, conflicts_with = "process_id")]
+    processes: Option<u64>,
+    /// The process ids of `--processes`.
+    #[arg(long, default_value = "proc-")]
+    process_prefix: String,
     /// Messages per second; 0 (default) produces as fast as the broker takes them.
     #[arg(long, default_value_t = 0.0)]
     rate: f64,
@@ -133,20 +141,29 @@ pub(crate) async fn produce(args: Produce) -> Result<(), String> {
         &args.bootstrap,
         &[("batch.num.messages", &batch), ("linger.ms", linger)],
     )?;
-    let headers = OwnedHeaders::new().insert(Header {
-        key: "process-id",
-        value: Some(args.process_id.as_bytes()),
-    });
+    // The process of message `seq`.
+    let process_of = |seq: u64| match (args.processes, &args.process_id) {
+        (Some(n), _) => format!("{}{}", args.process_prefix, seq % n.max(1)),
+        (None, Some(id)) => id.clone(),
+        (None, None) => String::new(),
+    };
+    // SIGTERM ends the run early: what was sent is waited for and reported
+    // (so `--count` can be large and the script stops it when it is done).
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+        .map_err(|e| e.to_string())?;
     let started = Instant::now();
     let started_tokio = tokio::time::Instant::now();
     let mut acks: Acks = FuturesUnordered::new();
     let mut failed = 0u64;
-    for seq in 0..args.count {
+    let mut sent = 0u64;
+    let mut stopped = false;
+    'produce: for seq in 0..args.count {
         if args.rate > 0.0 {
             let due = started_tokio + Duration::from_secs_f64(seq as f64 / args.rate);
             loop {
                 tokio::select! {
                     () = tokio::time::sleep_until(due) => break,
+                    _ = term.recv() => { stopped = true; break 'produce; }
                     Some(result) = acks.next() => match result {
                         Ok(result) => settle(result, &mut failed),
                         Err(_) => failed += 1,
@@ -154,14 +171,23 @@ pub(crate) async fn produce(args: Produce) -> Result<(), String> {
                 }
             }
         }
+        let process = process_of(seq);
+        let headers = OwnedHeaders::new().insert(Header {
+            key: "process-id",
+            value: Some(process.as_bytes()),
+        });
         loop {
             let value = stamped_value(args.size, seq, now_ns());
-            let record: FutureRecord<'_, [u8], [u8]> = FutureRecord::to(&args.topic)
+            let mut record: FutureRecord<'_, [u8], [u8]> = FutureRecord::to(&args.topic)
                 .payload(value.as_slice())
                 .headers(headers.clone());
+            if args.processes.is_some() {
+                record = record.key(process.as_bytes());
+            }
             match producer.send_result(record) {
                 Ok(ack) => {
                     acks.push(ack);
+                    sent += 1;
                     break;
                 }
                 Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), _)) => {
@@ -176,12 +202,15 @@ pub(crate) async fn produce(args: Produce) -> Result<(), String> {
         drain_one(&mut acks, &mut failed).await;
     }
     let took = started.elapsed().as_secs_f64();
+    // Sequence numbers 0..sent were sent; `failed` of them not acknowledged.
     emit(json!({
-        "produced": args.count - failed,
+        "produced": sent - failed,
+        "sent": sent,
         "failed": failed,
+        "stopped_by_signal": stopped,
         "enqueue_s": enqueued,
         "seconds": took,
-        "rate_per_s": args.count as f64 / took,
+        "rate_per_s": sent as f64 / took,
     }));
     if failed > 0 {
         return Err(format!("{failed} records were not produced"));

@@ -12,6 +12,7 @@
 #![allow(clippy::print_stdout)]
 
 mod certs;
+mod hold;
 mod kafka;
 mod nats;
 mod relay;
@@ -47,6 +48,9 @@ enum Command {
     Receive(relay::Receive),
     /// Holds many idle SDK connections (registered processes that ping).
     Idle(relay::Idle),
+    /// Holds many SDK processes that receive and ack, follow `Rebalance`,
+    /// and count deliveries and redeliveries (until SIGTERM).
+    Hold(hold::Hold),
     /// NATS publisher on one server and subscriber on another: throughput or latency.
     NatsPubSub(nats::PubSub),
     /// Holds many idle NATS client connections, each with one subscription.
@@ -70,6 +74,7 @@ fn main() -> std::process::ExitCode {
             Command::TailCount(args) => kafka::tail_count(args).await,
             Command::Receive(args) => relay::receive(args).await,
             Command::Idle(args) => relay::idle(args).await,
+            Command::Hold(args) => hold::hold(args).await,
             Command::NatsPubSub(args) => nats::pub_sub(args).await,
             Command::NatsIdle(args) => nats::idle(args).await,
             Command::Certs(args) => certs::certs(args).await,

@@ -16,7 +16,7 @@ use crate::{emit, now_ns, read_stamp};
 
 /// The client configuration of one process: over TLS, trusting only the CA
 /// in `ca` (PEM), when it is given.
-fn client_config(
+pub(crate) fn client_config(
     addresses: &[String],
     process_id: String,
     ca: Option<&std::path::Path>,
@@ -45,7 +45,7 @@ fn own_cpu_ms() -> u64 {
         .unwrap_or(0)
 }
 
-fn split(list: &str) -> Vec<String> {
+pub(crate) fn split(list: &str) -> Vec<String> {
     list.split(',')
         .map(str::trim)
         .filter(|s| !s.is_empty())
