@@ -66,6 +66,14 @@ impl<T> PendingAnswers<T> {
         }
     }
 
+    /// Forgets request `seq` without answering it (its asker stopped
+    /// waiting); false when no such request is pending.
+    pub fn forget(&self, seq: u64) -> bool {
+        self.lock()
+            .as_mut()
+            .is_some_and(|map| map.remove(&seq).is_some())
+    }
+
     /// Closes the table and answers every pending request with
     /// `answer()`; returns how many there were. Idempotent.
     pub fn close(&self, answer: impl Fn() -> T) -> usize {

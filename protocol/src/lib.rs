@@ -9,6 +9,7 @@
 
 pub mod backoff;
 pub mod codec;
+pub mod io;
 pub mod mesh_auth;
 
 /// Types generated from `proto/wasmrelay.proto` (package `wasmrelay.v1`).
@@ -81,6 +82,8 @@ impl Kind {
             Kind::Forward(_) => "forward",
             Kind::ForwardAck(_) => "forward_ack",
             Kind::MeshSealed(_) => "mesh_sealed",
+            Kind::MeshLookup(_) => "mesh_lookup",
+            Kind::MeshLookupAnswer(_) => "mesh_lookup_answer",
         }
     }
 }

@@ -408,6 +408,8 @@ impl MeshCodec {
                     reason: format!("a {} frame may not be sealed", inner.kind_name()),
                 })
             }
+            // Forward, ForwardAck, MeshLookup, MeshLookupAnswer, Ping, Pong,
+            // Error: which way each may go is for the link to judge.
             Some(_) => Ok(inner),
         }
     }
@@ -570,6 +572,38 @@ mod tests {
             assert_eq!(acceptor.decode(&mut bytes).unwrap(), Some(ping(n)));
             let mut bytes = encode(&mut acceptor, ping(n + 10));
             assert_eq!(dialer.decode(&mut bytes).unwrap(), Some(ping(n + 10)));
+        }
+    }
+
+    #[test]
+    fn lookups_and_their_answers_travel_sealed_and_are_refused_unsealed() {
+        let lookup = Frame::of(Kind::MeshLookup(crate::v1::MeshLookup {
+            lookup_id: 7,
+            process_id: "p".to_string(),
+        }));
+        let answer = Frame::of(Kind::MeshLookupAnswer(crate::v1::MeshLookupAnswer {
+            lookup_id: 7,
+            process_id: "p".to_string(),
+            connected: true,
+            generation: 42,
+        }));
+        let (mut dialer, mut acceptor) = linked_codecs(b"s");
+        let mut bytes = encode(&mut dialer, lookup.clone());
+        assert_eq!(acceptor.decode(&mut bytes).unwrap(), Some(lookup.clone()));
+        let mut bytes = encode(&mut acceptor, answer.clone());
+        assert_eq!(dialer.decode(&mut bytes).unwrap(), Some(answer.clone()));
+        for (frame, name) in [(lookup, "mesh_lookup"), (answer, "mesh_lookup_answer")] {
+            let (_, mut acceptor) = linked_codecs(b"s");
+            let mut bytes = BytesMut::new();
+            FrameCodec::new(1024)
+                .encode_frame(&frame, &mut bytes)
+                .unwrap();
+            let error = acceptor.decode(&mut bytes).unwrap_err();
+            assert!(
+                matches!(error, MeshWireError::Unsealed(n) if n == name),
+                "{error}"
+            );
+            assert!(error.is_unauthorized());
         }
     }
 

@@ -7,6 +7,15 @@
 //! a local process has as many deliveries unanswered as it may: that is the
 //! back-pressure on the partition. Waiting for the acknowledgement, and any
 //! retry, happen in the returned future.
+//!
+//! A process connected neither here nor, by the route table, to any live
+//! node is looked up over the mesh before the attempt fails (the table may
+//! have missed its route record): the peers are asked at once, and the
+//! first that holds it gets the message (and the table learns the route).
+//! That lookup is part of the attempt, so a first attempt that needs one
+//! still hands the message over in the caller's order; it takes one mesh
+//! round trip when a peer holds the process or every peer says no, and at
+//! most the mesh's lookup timeout (1 s) when a peer does not answer.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -18,6 +27,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use wasmrelay_protocol::{Backoff, v1};
 
+use super::mesh::LookupFound;
 use super::router::ProcessRouter;
 use super::routes::RouteTable;
 use crate::flow::dead_letter::Stage;
@@ -50,6 +60,11 @@ pub trait Forwarder: Send + Sync + std::fmt::Debug + 'static {
         delivery_id: String,
         message: v1::Message,
     ) -> Result<BoxFuture<'static, Result<(), ForwardError>>, ForwardError>;
+
+    /// Asks the other nodes whether `process_id` is connected to one of
+    /// them; resolves with the first that says so, or `None` (all said no,
+    /// or none answered in time).
+    fn lookup(&self, process_id: &str) -> BoxFuture<'static, Option<LookupFound>>;
 }
 
 /// Why a forward to another node did not end in an acknowledgement.
@@ -221,12 +236,39 @@ impl ClusterDelivery {
             }
             .boxed(),
             Err(not_here) => {
-                let elsewhere = self.routes.as_ref().and_then(|r| r.lookup(process_id));
+                let mut elsewhere = self.routes.as_ref().and_then(|r| r.lookup(process_id));
+                if elsewhere.is_none()
+                    && let Some(forwarder) = &self.forwarder
+                {
+                    // The table may have missed the route record: ask the
+                    // peers (the holder also writes its route again).
+                    if let Some(found) = forwarder.lookup(process_id).await {
+                        tracing::debug!(process = %process_id, node = %found.node, generation = found.generation, "no route; a mesh lookup found the process");
+                        if let Some(routes) = &self.routes {
+                            routes.learn(process_id, &found.node, found.generation);
+                        }
+                        elsewhere = Some(found.node);
+                    }
+                }
                 let result = match (elsewhere, &self.forwarder) {
                     (Some(node), Some(forwarder)) => forwarder
                         .forward(&node, process_id, delivery_id.to_string(), message.clone())
                         .map(|answer| {
-                            async move { answer.await.map_err(AttemptFailure::Forwarded) }.boxed()
+                            let routes = self.routes.clone();
+                            let process_id = process_id.to_string();
+                            async move {
+                                let outcome = answer.await;
+                                // A route learned from a lookup that went
+                                // stale is not kept (one read from the
+                                // topic is: its tombstone will come).
+                                if let (Err(ForwardError::NotHere { node, .. }), Some(routes)) =
+                                    (&outcome, &routes)
+                                {
+                                    routes.forget_learned(&process_id, node);
+                                }
+                                outcome.map_err(AttemptFailure::Forwarded)
+                            }
+                            .boxed()
                         })
                         .map_err(|source| AttemptFailure::NotForwarded {
                             process_id: process_id.to_string(),

@@ -41,6 +41,14 @@
 //! load keeps its routes; one that comes back later writes them again). The
 //! node names are interned and pruned with their last route, so memory
 //! follows the processes of live nodes.
+//!
+//! A node that has a message for a process it has no route for asks its
+//! mesh peers ([`crate::cluster::mesh::Mesh::lookup`]): the holder answers
+//! with its registration's generation and writes the route again (at most
+//! once per process every [`LOOKUP_REWRITE_EVERY`]), and the asker learns
+//! the route ([`RouteTable::learn`]) until the record arrives; a learned
+//! route never replaces a route read from the topic of the same or a newer
+//! generation, and any record of that generation or newer replaces it.
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -79,6 +87,16 @@ const MAX_REFRESH_RATE: u32 = 2000;
 /// Republish requests written per turn of the publisher, so registrations
 /// are not held up behind a long refresh.
 const REPUBLISH_TURN: usize = 64;
+
+/// The least time between two rewrites of one process's route asked for
+/// by the peers' lookups: a flood of lookups writes at most one record per
+/// process held here per this.
+pub const LOOKUP_REWRITE_EVERY: Duration = Duration::from_secs(5);
+
+/// The partition and offset of a route learned from a lookup rather than
+/// read from the topic: below any record's, so a record of the same
+/// generation replaces it.
+const LEARNED: (i32, i64) = (i32::MIN, i64::MIN);
 
 /// The value of a route record.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -129,6 +147,10 @@ struct Republish {
     pending: Mutex<(VecDeque<String>, HashSet<String>)>,
     ready: Notify,
 }
+
+/// Processes in the order their route was written again for a lookup
+/// (with when), and the same as a set.
+type RecentRewrites = (VecDeque<(Instant, String)>, HashSet<String>);
 
 /// A record of the routes topic as far as the holder of its process cares.
 struct Seen<'a> {
@@ -185,6 +207,9 @@ pub struct RouteTable {
     rejoined: Notify,
     /// Routes written again since start (holder's last word, refreshes).
     republished: AtomicU64,
+    /// The processes whose route a peer's lookup had written again, oldest
+    /// first, within the last [`LOOKUP_REWRITE_EVERY`].
+    rewritten_for_lookups: Mutex<RecentRewrites>,
     gateway: Arc<Gateway>,
     caught_up: watch::Sender<Option<CatchUp>>,
     metrics: ClusterMetrics,
@@ -225,6 +250,7 @@ impl RouteTable {
             rejoins: AtomicU64::new(0),
             rejoined: Notify::new(),
             republished: AtomicU64::new(0),
+            rewritten_for_lookups: Mutex::default(),
             gateway,
             caught_up: watch::channel(None).0,
             metrics,
@@ -236,6 +262,68 @@ impl RouteTable {
     pub fn lookup(&self, process_id: &str) -> Option<String> {
         let node = lock(&self.routes).get(process_id)?.node.clone();
         (*node != *self.self_id && self.live.load().contains(&*node)).then(|| node.to_string())
+    }
+
+    /// Learns from a peer's answer to a lookup that `process_id` is
+    /// connected to `node` with registration `generation`, when the table
+    /// has no route for it of that generation or newer (a route read from
+    /// the topic always wins, and the next record of this generation or
+    /// newer replaces the learned one). Ignored for a generation of 0 (the
+    /// peer's route record is about to be written), this node, and a
+    /// process registered here. True when it was learned.
+    pub fn learn(&self, process_id: &str, node: &str, generation: u64) -> bool {
+        if generation == 0 || node == self.self_id {
+            return false;
+        }
+        if lock(&self.local).by_process.contains_key(process_id) {
+            return false;
+        }
+        let node = self.intern(node);
+        let learned = {
+            let mut routes = lock(&self.routes);
+            let older = routes
+                .get(process_id)
+                .is_none_or(|r| r.position.0 < generation);
+            if older {
+                routes.insert(
+                    process_id.to_string(),
+                    Route {
+                        node,
+                        position: (generation, LEARNED.0, LEARNED.1),
+                    },
+                );
+            }
+            older
+        };
+        if learned {
+            tracing::debug!(process = %process_id, generation, "learned a route from a mesh lookup");
+            self.metrics
+                .routes
+                .set(i64::try_from(self.len()).unwrap_or(i64::MAX));
+        }
+        learned
+    }
+
+    /// Forgets the route of `process_id` if it was learned from a lookup
+    /// and names `node` (which just said the process is not connected
+    /// there); a route read from the topic stays. True when forgotten.
+    pub fn forget_learned(&self, process_id: &str, node: &str) -> bool {
+        let forgotten = {
+            let mut routes = lock(&self.routes);
+            let learned = routes
+                .get(process_id)
+                .is_some_and(|r| *r.node == *node && (r.position.1, r.position.2) == LEARNED);
+            if learned {
+                routes.remove(process_id);
+            }
+            learned
+        };
+        if forgotten {
+            self.metrics
+                .routes
+                .set(i64::try_from(self.len()).unwrap_or(i64::MAX));
+        }
+        forgotten
     }
 
     /// The node the table names for `process_id`, this one included.
@@ -712,6 +800,44 @@ impl RouteTable {
 
 fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     mutex.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+impl super::mesh::LookupAnswerer for RouteTable {
+    /// The generation of the registration of `process_id` here (0 when its
+    /// route is not written yet: it is about to be), and its route written
+    /// again unless a lookup had it written within
+    /// [`LOOKUP_REWRITE_EVERY`].
+    fn asked_for(&self, process_id: &str) -> u64 {
+        let Some(generation) = lock(&self.local)
+            .by_process
+            .get(process_id)
+            .map(|local| local.generation)
+        else {
+            return 0;
+        };
+        let now = Instant::now();
+        let rewrite = {
+            let mut rewritten = lock(&self.rewritten_for_lookups);
+            let (order, recent) = &mut *rewritten;
+            while let Some((at, _)) = order.front()
+                && now.saturating_duration_since(*at) >= LOOKUP_REWRITE_EVERY
+            {
+                if let Some((_, process)) = order.pop_front() {
+                    recent.remove(&process);
+                }
+            }
+            let first = recent.insert(process_id.to_string());
+            if first {
+                order.push_back((now, process_id.to_string()));
+            }
+            first
+        };
+        if rewrite {
+            tracing::debug!(process = %process_id, "a peer looked up a process connected here; writing its route again");
+            self.request_republish(std::iter::once(process_id));
+        }
+        generation
+    }
 }
 
 /// Names a process whose next route record (not a tombstone) this node's
@@ -1434,5 +1560,67 @@ mod tests {
         assert_eq!(table.len(), 2);
         table.evict_dead(after + TIMEOUT);
         assert_eq!(table.len(), 0);
+    }
+
+    #[test]
+    fn a_learned_route_never_replaces_a_newer_record_and_any_record_of_its_generation_replaces_it()
+    {
+        let table = table();
+        table.follow_view_at(
+            &view(&[("a", true), ("b", true), ("c", true)]),
+            Instant::now(),
+        );
+        // Nothing known: learned.
+        assert!(table.learn("p", "b", 10));
+        assert_eq!(table.lookup("p").as_deref(), Some("b"));
+        // Not over a route of the same or a newer generation.
+        assert!(!table.learn("p", "c", 10));
+        table.apply(&route_of_generation("q", "c", 20, 1));
+        assert!(!table.learn("q", "b", 19));
+        assert!(!table.learn("q", "b", 20));
+        assert_eq!(table.lookup("q").as_deref(), Some("c"));
+        // Over an older one, yes.
+        assert!(table.learn("q", "b", 21));
+        assert_eq!(table.lookup("q").as_deref(), Some("b"));
+        // Never generation 0, this node, or a process registered here.
+        assert!(!table.learn("r", "b", 0));
+        assert!(!table.learn("r", "a", 5));
+        register_here(&table, "s", 1, 3);
+        assert!(!table.learn("s", "b", u64::MAX));
+        // The record of the learned generation replaces it, even written
+        // at a low offset; so does its tombstone.
+        table.apply(&route_of_generation("p", "b", 10, 0));
+        assert!(!table.forget_learned("p", "b"), "read from the topic now");
+        assert_eq!(table.lookup("p").as_deref(), Some("b"));
+        table.apply(&tombstone("q", "b", 21, 2));
+        assert_eq!(table.holder("q"), None);
+        // A learned route that went stale is forgotten; only for its node.
+        assert!(table.learn("t", "b", 7));
+        assert!(!table.forget_learned("t", "c"));
+        assert!(table.forget_learned("t", "b"));
+        assert_eq!(table.holder("t"), None);
+    }
+
+    #[test]
+    fn lookups_have_a_held_route_written_again_at_most_once_per_process_per_period() {
+        use super::super::mesh::LookupAnswerer as _;
+        let table = table();
+        let record = register_here(&table, "p", 1, 5);
+        let generation: RouteValue =
+            serde_json::from_slice(record.value.as_deref().unwrap()).unwrap();
+        // Not held here: generation 0, nothing written.
+        assert_eq!(table.asked_for("nobody"), 0);
+        assert_eq!(table.take_republish(10).0, Vec::<String>::new());
+        for _ in 0..100 {
+            assert_eq!(table.asked_for("p"), generation.generation);
+        }
+        assert_eq!(table.take_republish(10).0, vec!["p".to_string()]);
+        assert_eq!(table.asked_for("p"), generation.generation);
+        assert!(table.take_republish(10).0.is_empty(), "once per period");
+        // After the period, again.
+        lock(&table.rewritten_for_lookups).0.front_mut().unwrap().0 -= LOOKUP_REWRITE_EVERY;
+        table.asked_for("p");
+        assert_eq!(table.take_republish(10).0, vec!["p".to_string()]);
+        assert_eq!(lock(&table.rewritten_for_lookups).1.len(), 1, "bounded");
     }
 }

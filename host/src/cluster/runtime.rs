@@ -15,7 +15,7 @@ use super::delivery::{ForwardError, Forwarder};
 use super::membership::{
     ClusterView, Heartbeat, MembershipOptions, check_no_live_twin, run_membership,
 };
-use super::mesh::{ForwardOutcome, Mesh, MeshOptions};
+use super::mesh::{ForwardOutcome, LookupFound, Mesh, MeshOptions};
 use super::rebalance::{RebalanceOptions, Rebalancer};
 use super::routes::{RouteTable, follow_routes, publish_routes, refresh_routes};
 use crate::config::ClusterConfig;
@@ -329,6 +329,9 @@ impl ClusterRuntime {
             },
             gateway.clone(),
         );
+        // Peers asking for a process connected here get its generation,
+        // and its route is written again for the nodes that missed it.
+        mesh.answer_lookups_with(routes.clone());
         tasks.spawn(mesh.clone().serve(mesh_listener, stop.clone()));
         tasks.spawn(follow_peers(
             mesh.clone(),
@@ -484,6 +487,10 @@ impl ClusterRuntime {
             "mesh_links_established": mesh.links_established(),
             "mesh_links_broken": mesh.links_broken(),
             "mesh_unauthorized": mesh.unauthorized(),
+            "lookups_sent": mesh.lookups_sent(),
+            "lookups_found": mesh.lookups_found(),
+            "lookups_not_found": mesh.lookups_not_found(),
+            "lookups_received": mesh.lookups_received(),
             "routes_republished": self.routes.republished(),
             "rebalance_moves": self.rebalancer.json()["rebalance_moves"],
             "evacuation_moves": self.rebalancer.json()["evacuation_moves"],
@@ -563,6 +570,10 @@ impl Forwarder for Mesh {
                 }),
             }
         }))
+    }
+
+    fn lookup(&self, process_id: &str) -> futures::future::BoxFuture<'static, Option<LookupFound>> {
+        Mesh::lookup(self, process_id)
     }
 }
 

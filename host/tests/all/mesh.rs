@@ -2,9 +2,10 @@
 //! each) in one test process, business processes as raw frame clients of
 //! the gateways, and raw mesh connections for what a misbehaving peer
 //! sends: forwarding and its outcomes, order, authentication, broken and
-//! silent peers, bad input while the other links go on working, and a man
+//! silent peers, bad input while the other links go on working, a man
 //! in the middle (a TCP proxy between two nodes) that relays, alters or
-//! answers frames.
+//! answers frames, and lookups of a process no route names (alone, and as
+//! the miss path of a cluster delivery).
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -19,7 +20,9 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::task::JoinHandle;
 use tokio_util::codec::{Decoder, Framed};
 use tokio_util::sync::CancellationToken;
-use wasmrelay::cluster::mesh::{ForwardOutcome, Mesh, MeshError, MeshOptions};
+use wasmrelay::cluster::mesh::{
+    ForwardOutcome, LookupAnswerer, LookupFound, Mesh, MeshError, MeshOptions,
+};
 use wasmrelay::gateway::{Gateway, GatewayOptions, Upstream, UpstreamError};
 use wasmrelay_protocol::mesh_auth::{
     MeshCodec, SessionKeys, hello_mac, seal, verify_welcome, welcome_mac,
@@ -31,6 +34,8 @@ const STEP: Duration = Duration::from_secs(5);
 const SECRET: &[u8] = b"the cluster secret";
 const KEEPALIVE: Duration = Duration::from_millis(200);
 const MAX_FRAME: usize = 64 * 1024;
+/// Long, so that a lookup that ends sooner shows every peer answered.
+const LOOKUP_TIMEOUT: Duration = Duration::from_secs(3);
 
 struct NoUpstream;
 
@@ -69,6 +74,7 @@ fn mesh_options(id: &str, secret: &[u8]) -> MeshOptions {
         connect_timeout: Duration::from_secs(1),
         keepalive: KEEPALIVE,
         reconnect_backoff: (Duration::from_millis(20), Duration::from_millis(200)),
+        lookup_timeout: LOOKUP_TIMEOUT,
         tls: None,
     }
 }
@@ -1071,4 +1077,318 @@ async fn a_proxy_that_answers_a_forward_itself_gets_nothing_acknowledged() {
             "the intercepted forward reached the process"
         );
     }
+}
+
+/// Answers lookups with a fixed generation and records what it was asked.
+#[derive(Debug, Default)]
+struct FixedGeneration {
+    generation: u64,
+    asked: std::sync::Mutex<Vec<String>>,
+}
+
+impl LookupAnswerer for FixedGeneration {
+    fn asked_for(&self, process_id: &str) -> u64 {
+        self.asked.lock().unwrap().push(process_id.to_string());
+        self.generation
+    }
+}
+
+async fn lookup(node: &Node, process_id: &str) -> (Option<LookupFound>, Duration) {
+    let started = std::time::Instant::now();
+    let found = tokio::time::timeout(STEP, node.mesh.lookup(process_id))
+        .await
+        .expect("a lookup outlived its timeout");
+    (found, started.elapsed())
+}
+
+#[tokio::test]
+async fn a_lookup_finds_the_peer_holding_a_process_and_an_unknown_one_is_nowhere_at_once() {
+    let a = start("a", SECRET).await;
+    let b = start("b", SECRET).await;
+    let c = start("c", SECRET).await;
+    // Without peers: nowhere, at once, and nothing sent.
+    let (found, took) = lookup(&a, "p").await;
+    assert_eq!(found, None);
+    assert!(took < Duration::from_millis(100), "{took:?}");
+    assert_eq!(a.mesh.stats().lookups_sent(), 0);
+    link_all(&[&a, &b, &c]);
+    wait_linked(&a, &["b", "c"]).await;
+    wait_linked(&b, &["a", "c"]).await;
+    wait_linked(&c, &["a", "b"]).await;
+    let answerer = Arc::new(FixedGeneration {
+        generation: 77,
+        ..FixedGeneration::default()
+    });
+    c.mesh.answer_lookups_with(answerer.clone());
+    let _process = register(&c, "p").await;
+    let _on_b = register(&b, "q").await;
+
+    let (found, _) = lookup(&a, "p").await;
+    assert_eq!(
+        found,
+        Some(LookupFound {
+            node: "c".to_string(),
+            generation: 77
+        })
+    );
+    // The holder's route table was asked (it writes the route again).
+    assert_eq!(*answerer.asked.lock().unwrap(), vec!["p".to_string()]);
+    // A node without a route table answers from its gateway: generation 0.
+    let (found, _) = lookup(&a, "q").await;
+    assert_eq!(
+        found,
+        Some(LookupFound {
+            node: "b".to_string(),
+            generation: 0
+        })
+    );
+    // Every peer says no: nowhere, long before the timeout.
+    let (found, took) = lookup(&a, "nobody").await;
+    assert_eq!(found, None);
+    assert!(took < LOOKUP_TIMEOUT / 3, "{took:?}");
+    // The other way round too, and only processes connected count.
+    let (found, _) = lookup(&b, "p").await;
+    assert_eq!(found.map(|f| f.node).as_deref(), Some("c"));
+    assert_eq!(*answerer.asked.lock().unwrap(), vec!["p", "p"]);
+
+    let stats = a.mesh.stats();
+    assert_eq!(stats.lookups_sent(), 6, "each of 3 lookups to both peers");
+    assert_eq!(stats.lookups_found(), 2);
+    assert_eq!(stats.lookups_not_found(), 2, "no peers once, nobody once");
+    assert_eq!(b.mesh.stats().lookups_received(), 3);
+    assert_eq!(c.mesh.stats().lookups_received(), 4);
+    // Lookups never broke a link.
+    assert_eq!(stats.links_established(), 2);
+    assert_eq!(stats.protocol_errors(), 0);
+    assert_eq!(c.mesh.stats().protocol_errors(), 0);
+}
+
+#[tokio::test]
+async fn a_peer_that_never_answers_a_lookup_costs_the_timeout_and_nothing_stays_pending() {
+    let options = MeshOptions {
+        lookup_timeout: Duration::from_millis(300),
+        ..mesh_options("a", SECRET)
+    };
+    let a = start_on(options, "127.0.0.1:0".parse().unwrap()).await;
+    let b = start("b", SECRET).await;
+    // "x" authenticates as an acceptor and then reads, never answering
+    // (but pongs, so the link stays up).
+    let silent = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let silent_addr = silent.local_addr().unwrap();
+    let lookups_seen = Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let seen = lookups_seen.clone();
+    tokio::spawn(async move {
+        let (stream, _) = silent.accept().await.unwrap();
+        let mut conn = Framed::new(stream, MeshCodec::new(MAX_FRAME));
+        let Some(Ok(Frame {
+            kind: Some(Kind::MeshHello(hello)),
+        })) = conn.next().await
+        else {
+            panic!("no MeshHello");
+        };
+        let nonce = [9u8; 16];
+        conn.send(Frame::of(Kind::MeshWelcome(v1::MeshWelcome {
+            node_id: "x".to_string(),
+            mac: welcome_mac(SECRET, "x", &hello.node_id, &hello.nonce, &nonce).into(),
+            nonce: Bytes::copy_from_slice(&nonce),
+        })))
+        .await
+        .unwrap();
+        let keys = SessionKeys::derive(SECRET, &hello.node_id, "x", &hello.nonce, &nonce);
+        conn.codec_mut().seal_with(keys.for_acceptor());
+        while let Some(Ok(frame)) = conn.next().await {
+            match frame.kind {
+                Some(Kind::MeshLookup(_)) => {
+                    seen.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                }
+                Some(Kind::Ping(ping)) => {
+                    let pong = Frame::of(Kind::Pong(v1::Pong { nonce: ping.nonce }));
+                    if conn.send(pong).await.is_err() {
+                        return;
+                    }
+                }
+                _ => {}
+            }
+        }
+    });
+    let mut peers = peers(&[&a, &b]);
+    peers.insert("x".to_string(), silent_addr.to_string());
+    a.mesh.set_peers(peers);
+    wait_linked(&a, &["b", "x"]).await;
+    let _process = register(&b, "p").await;
+
+    // b answers at once: found without waiting for x.
+    let (found, took) = lookup(&a, "p").await;
+    assert_eq!(found.map(|f| f.node).as_deref(), Some("b"));
+    assert!(took < Duration::from_millis(300), "{took:?}");
+    // b says no and x says nothing: the timeout.
+    for _ in 0..3 {
+        let (found, took) = lookup(&a, "nobody").await;
+        assert_eq!(found, None);
+        assert!(took >= Duration::from_millis(300), "{took:?}");
+    }
+    // Given up on, and dropped unfinished: nothing waits on x's link.
+    drop(a.mesh.lookup("nobody"));
+    wait_until("x saw every lookup", || {
+        lookups_seen.load(std::sync::atomic::Ordering::Relaxed) == 5
+    })
+    .await;
+    assert_eq!(a.mesh.stats().lookups_not_found(), 3);
+    assert_eq!(a.mesh.stats().lookups_found(), 1);
+    assert_eq!(a.mesh.pending_lookups("x"), Some(0));
+    assert_eq!(a.mesh.pending_lookups("b"), Some(0));
+    assert_eq!(a.mesh.linked(), vec!["b".to_string(), "x".to_string()]);
+}
+
+fn delivery_policy() -> wasmrelay::cluster::DeliveryPolicy {
+    wasmrelay::cluster::DeliveryPolicy {
+        ttl: Duration::from_secs(2),
+        initial_backoff: Duration::from_millis(50),
+        max_backoff: Duration::from_millis(200),
+        retried: Default::default(),
+    }
+}
+
+fn input(offset: i64) -> wasmrelay::kafka::InputRecord {
+    wasmrelay::kafka::InputRecord {
+        topic: "business".to_string(),
+        partition: 0,
+        offset,
+        key: None,
+        value: Some(b"x".to_vec()),
+        headers: Vec::new(),
+        timestamp_ms: None,
+    }
+}
+
+fn output(value: &str) -> wasmrelay::kafka::OutputRecord {
+    wasmrelay::kafka::OutputRecord {
+        key: None,
+        value: Some(value.as_bytes().to_vec()),
+        headers: Vec::new(),
+    }
+}
+
+/// A route table of node `node` that sees `live` live.
+fn route_table(node: &Node, live: &[&str]) -> Arc<wasmrelay::cluster::routes::RouteTable> {
+    use wasmrelay::cluster::membership::{ClusterView, Heartbeat, NodeView};
+    let table = wasmrelay::cluster::routes::RouteTable::new(
+        &node.id,
+        wasmrelay_protocol::mesh_auth::purpose_key(
+            SECRET,
+            wasmrelay_protocol::mesh_auth::Purpose::RouteRecord,
+        ),
+        Duration::from_secs(10),
+        node.gateway.clone(),
+        Default::default(),
+    );
+    let nodes = live
+        .iter()
+        .map(|id| {
+            let heartbeat = Heartbeat {
+                node_id: id.to_string(),
+                instance_id: String::new(),
+                client_addr: String::new(),
+                mesh_addr: String::new(),
+                admin_addr: String::new(),
+                connections: 0,
+                quota: 0,
+                started_at_ms: 0,
+                sent_at_ms: 0,
+                leaving: false,
+                evacuating: false,
+            };
+            let view = NodeView {
+                heartbeat,
+                live: true,
+                last_seen_ms_ago: 0,
+            };
+            (id.to_string(), view)
+        })
+        .collect();
+    table.follow_view(&ClusterView {
+        nodes,
+        ..ClusterView::default()
+    });
+    table
+}
+
+#[tokio::test]
+async fn a_delivery_with_no_route_reaches_its_process_through_a_lookup_on_the_first_attempt() {
+    use wasmrelay::cluster::ClusterDelivery;
+    use wasmrelay::flow::DeliveryEnd;
+    let a = start("a", SECRET).await;
+    let b = start("b", SECRET).await;
+    link_all(&[&a, &b]);
+    wait_linked(&a, &["b"]).await;
+    b.mesh.answer_lookups_with(Arc::new(FixedGeneration {
+        generation: 500,
+        ..FixedGeneration::default()
+    }));
+    let mut process = register(&b, "p").await;
+    // a's route table is empty: it missed p's route.
+    let routes = route_table(&a, &["a", "b"]);
+    assert!(routes.is_empty());
+    let policy = delivery_policy();
+    let retried = policy.retried.clone();
+    let delivery = ClusterDelivery::new(
+        a.gateway.clone(),
+        Some(routes.clone()),
+        Some(a.mesh.clone()),
+        policy,
+    );
+    let abort = CancellationToken::new();
+    let first = delivery
+        .start("p".to_string(), &input(0), output("first"), abort.clone())
+        .await;
+    let deliver = next_delivery(&mut process).await;
+    assert_eq!(deliver.message.unwrap().value, "first");
+    process
+        .send(Frame::of(Kind::Ack(v1::Ack { seq: deliver.seq })))
+        .await
+        .unwrap();
+    assert_eq!(
+        tokio::time::timeout(STEP, first).await.unwrap(),
+        DeliveryEnd::Delivered
+    );
+    assert_eq!(retried.get(), 0, "delivered on the first attempt");
+    assert_eq!(a.mesh.stats().lookups_found(), 1);
+    assert_eq!(a.mesh.stats().forwards_delivered(), 1);
+    // a learned the route from the answer: the next message needs no
+    // lookup.
+    assert_eq!(routes.lookup("p").as_deref(), Some("b"));
+    let second = delivery
+        .start("p".to_string(), &input(1), output("second"), abort.clone())
+        .await;
+    let deliver = next_delivery(&mut process).await;
+    process
+        .send(Frame::of(Kind::Ack(v1::Ack { seq: deliver.seq })))
+        .await
+        .unwrap();
+    assert_eq!(
+        tokio::time::timeout(STEP, second).await.unwrap(),
+        DeliveryEnd::Delivered
+    );
+    assert_eq!(a.mesh.stats().lookups_sent(), 1);
+
+    // The process leaves b: the learned route is stale, and forgotten at
+    // the first "not here"; an unknown process is looked up on every
+    // attempt and dead-lettered at the ttl, as before.
+    drop(process);
+    wait_until("p left b", || b.gateway.session("p").is_none()).await;
+    let gone = delivery
+        .start("p".to_string(), &input(2), output("third"), abort.clone())
+        .await;
+    let end = tokio::time::timeout(STEP, gone).await.unwrap();
+    let DeliveryEnd::GaveUp(reason) = end else {
+        panic!("expected GaveUp, got {end:?}");
+    };
+    assert!(reason.contains("nor known elsewhere"), "{reason}");
+    assert_eq!(
+        routes.holder("p"),
+        None,
+        "the stale learned route was forgotten"
+    );
+    assert!(retried.get() > 0);
+    assert!(a.mesh.stats().lookups_not_found() > 0);
 }

@@ -1,13 +1,15 @@
 //! Outgoing links: for each peer, a task that dials it, authenticates with
 //! `MeshHello` / `MeshWelcome` (after which every frame is sealed), then
 //! sends the forwards queued on the link and resolves each when its
-//! `ForwardAck` comes back; and dials again, with backoff, when the link
+//! `ForwardAck` comes back (and the lookups, each when its
+//! `MeshLookupAnswer` comes back); and dials again, with backoff, when the link
 //! breaks, until the peer is dropped.
 //!
 //! A link is broken when the socket fails, the peer sends something that is
 //! not allowed, or nothing arrives for three keepalive intervals (the link
 //! pings the peer when it has been quiet for one). Breaking resolves the
-//! forwards still waiting for an answer as [`ForwardOutcome::Lost`].
+//! forwards still waiting for an answer as [`ForwardOutcome::Lost`], and
+//! the lookups still waiting as "not there".
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -28,7 +30,10 @@ use wasmrelay_protocol::v1::{self, ErrorCode, ForwardResult};
 use wasmrelay_protocol::{Backoff, Frame, Kind, PROTOCOL_VERSION};
 
 use super::wire::{self, Conn};
-use super::{ForwardOutcome, MeshError, MeshOptions, MeshStats, Shared, bump, keepalive, now_ms};
+use super::{
+    ForwardOutcome, MAX_PENDING_LOOKUPS, MeshError, MeshOptions, MeshStats, Shared, bump,
+    keepalive, now_ms,
+};
 use crate::pending::{NotRegistered, PendingAnswers};
 
 /// Bytes of the random nonce of a `MeshHello`.
@@ -107,6 +112,12 @@ pub(super) struct Link {
     /// Forwards waiting for their `ForwardAck`, by seq; closed with the link.
     pending: PendingAnswers<ForwardOutcome>,
     next_seq: AtomicU64,
+    /// Lookups waiting for their `MeshLookupAnswer`, by lookup id: the
+    /// generation when the peer holds the process, `None` when it does not
+    /// (or the link closed). At most [`MAX_PENDING_LOOKUPS`]; a lookup
+    /// given up on is forgotten.
+    lookups: PendingAnswers<Option<u64>>,
+    next_lookup: AtomicU64,
     /// Whether a forward was queued since the last keepalive tick.
     sent_since_tick: AtomicBool,
     /// Cancelled when the link is closed (or its writer failed).
@@ -122,6 +133,8 @@ impl Link {
             max_frame_bytes: options.max_frame_bytes,
             pending: PendingAnswers::default(),
             next_seq: AtomicU64::new(1),
+            lookups: PendingAnswers::default(),
+            next_lookup: AtomicU64::new(1),
             sent_since_tick: AtomicBool::new(false),
             closed: CancellationToken::new(),
         }
@@ -176,6 +189,47 @@ impl Link {
         }
     }
 
+    /// Queues a `MeshLookup` for `process_id` and returns where its answer
+    /// arrives; `None` when it cannot be asked now (closed, queue full, too
+    /// many lookups waiting, frame too large): the peer counts as "no".
+    pub(super) fn lookup(
+        self: &Arc<Self>,
+        stats: &MeshStats,
+        process_id: &str,
+    ) -> Option<AskedLookup> {
+        let mut lookup_id = 0;
+        let answer = self
+            .lookups
+            .register(|waiting| {
+                if waiting >= MAX_PENDING_LOOKUPS {
+                    return Err(());
+                }
+                lookup_id = self.next_lookup.fetch_add(1, Ordering::Relaxed);
+                let frame = Frame::of(Kind::MeshLookup(v1::MeshLookup {
+                    lookup_id,
+                    process_id: process_id.to_string(),
+                }));
+                if sealed_len(frame.encoded_len()) > self.max_frame_bytes {
+                    return Err(());
+                }
+                self.queue.try_send(frame).map_err(|_| ())?;
+                Ok(lookup_id)
+            })
+            .ok()?;
+        self.sent_since_tick.store(true, Ordering::Relaxed);
+        bump(&stats.lookups_sent);
+        Some(AskedLookup {
+            link: self.clone(),
+            lookup_id,
+            answer,
+        })
+    }
+
+    /// Lookups waiting for their answer.
+    pub(super) fn pending_lookups(&self) -> usize {
+        self.lookups.len()
+    }
+
     /// Resolves forward `seq`; false when it is not pending.
     fn resolve(&self, seq: u64, outcome: ForwardOutcome) -> bool {
         self.pending.resolve(seq, outcome)
@@ -184,6 +238,7 @@ impl Link {
     /// Closes the link: later forwards are refused, pending ones resolve as
     /// lost with `reason`. Idempotent.
     fn close(&self, reason: &str, stats: &MeshStats) {
+        self.lookups.close(|| None);
         let lost = self.pending.close(|| {
             ForwardOutcome::Lost(format!(
                 "the mesh link to node `{}` broke before the answer: {reason}",
@@ -194,6 +249,30 @@ impl Link {
         stats
             .forwards_lost
             .fetch_add(lost as u64, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
+/// A lookup asked on a link; forgotten there when dropped unanswered.
+#[derive(Debug)]
+pub(super) struct AskedLookup {
+    link: Arc<Link>,
+    lookup_id: u64,
+    answer: oneshot::Receiver<Option<u64>>,
+}
+
+impl AskedLookup {
+    /// The peer's node id and its answer: the generation when it holds
+    /// the process, `None` when it does not or the link closed first.
+    pub(super) async fn answer(mut self) -> (String, Option<u64>) {
+        let answer = (&mut self.answer).await.ok().flatten();
+        (self.link.node_id.clone(), answer)
+    }
+}
+
+impl Drop for AskedLookup {
+    fn drop(&mut self) {
+        // A no-op when answered; otherwise the asker gave up.
+        self.link.lookups.forget(self.lookup_id);
     }
 }
 
@@ -510,6 +589,17 @@ fn handle_frame(stats: &MeshStats, link: &Link, frame: Frame) -> Result<(), Clos
                     ),
                 ))
             }
+        }
+        Some(Kind::MeshLookupAnswer(answer)) => {
+            // An answer nobody waits for any more (the asker gave up) is
+            // dropped: lookups time out, unlike forwards.
+            if !link.lookups.resolve(
+                answer.lookup_id,
+                answer.connected.then_some(answer.generation),
+            ) {
+                tracing::debug!(peer = %link.node_id, lookup = answer.lookup_id, process = %answer.process_id, "a lookup answer came after its lookup was given up");
+            }
+            Ok(())
         }
         Some(Kind::Ping(ping)) => {
             let _ = link

@@ -19,8 +19,15 @@
 //! [`ForwardOutcome::Lost`] and is dialled again, with backoff, for as long
 //! as the peer stays in the peer set.
 //!
-//! Owns: the links, their authentication and keepalive, and the forwards in
-//! flight on them. Does not own which nodes exist (membership calls
+//! A node whose route table has no route for a process asks every linked
+//! peer at once whether it holds it ([`Mesh::lookup`]: `MeshLookup` on the
+//! outgoing links, `MeshLookupAnswer` back on them); a peer that holds it
+//! says so with the generation of its registration and has its route record
+//! written again ([`LookupAnswerer`]), so every node that missed the record
+//! converges.
+//!
+//! Owns: the links, their authentication and keepalive, and the forwards and
+//! lookups in flight on them. Does not own which nodes exist (membership calls
 //! [`Mesh::set_peers`]) nor where processes are (the route table), nor
 //! retrying a forward that failed (the caller's delivery policy).
 
@@ -33,6 +40,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use futures::future::BoxFuture;
+use futures::stream::FuturesUnordered;
+use futures::{FutureExt as _, StreamExt as _};
 use tokio::net::TcpListener;
 use tokio::sync::{oneshot, watch};
 use tokio_util::sync::CancellationToken;
@@ -66,6 +76,9 @@ pub struct MeshOptions {
     pub keepalive: Duration,
     /// The first and the longest wait before dialing a peer again.
     pub reconnect_backoff: (Duration, Duration),
+    /// How long [`Mesh::lookup`] waits for a peer holding the process
+    /// before it gives up (when not every peer answered "no" sooner).
+    pub lookup_timeout: Duration,
     /// Mutual TLS on the links, both ways; plain TCP when `None`.
     pub tls: Option<MeshTls>,
 }
@@ -141,6 +154,7 @@ impl std::fmt::Debug for MeshOptions {
             .field("connect_timeout", &self.connect_timeout)
             .field("keepalive", &self.keepalive)
             .field("reconnect_backoff", &self.reconnect_backoff)
+            .field("lookup_timeout", &self.lookup_timeout)
             .field("tls", &self.tls)
             .finish()
     }
@@ -156,9 +170,37 @@ impl Default for MeshOptions {
             connect_timeout: Duration::from_secs(3),
             keepalive: Duration::from_secs(2),
             reconnect_backoff: (Duration::from_millis(100), Duration::from_secs(2)),
+            lookup_timeout: DEFAULT_LOOKUP_TIMEOUT,
             tls: None,
         }
     }
+}
+
+/// How long a lookup waits for its answers by default.
+pub const DEFAULT_LOOKUP_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// Lookups waiting for their answer on one link at most; a peer asked while
+/// this many are waiting counts as having said "no".
+pub const MAX_PENDING_LOOKUPS: usize = 1024;
+
+/// A peer that answered a lookup: the process is connected to it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LookupFound {
+    /// The peer's node id.
+    pub node: String,
+    /// The generation of the process's registration there, as its route
+    /// record carries it; 0 when the peer has not given it one yet.
+    pub generation: u64,
+}
+
+/// How this node answers a peer's `MeshLookup` for a process connected
+/// here (the route table): the generation of its registration, and having
+/// its route record written again so the nodes that missed it learn it.
+pub trait LookupAnswerer: Send + Sync + std::fmt::Debug + 'static {
+    /// `process_id` is connected here and a peer asked for it: returns the
+    /// generation of its registration (0 when it has none yet) and may
+    /// write its route again (rate-limited by the implementation).
+    fn asked_for(&self, process_id: &str) -> u64;
 }
 
 /// How a forward ended.
@@ -221,6 +263,10 @@ pub struct MeshStats {
     links_accepted: AtomicU64,
     unauthorized: AtomicU64,
     protocol_errors: AtomicU64,
+    lookups_sent: AtomicU64,
+    lookups_found: AtomicU64,
+    lookups_not_found: AtomicU64,
+    lookups_received: AtomicU64,
 }
 
 fn bump(counter: &AtomicU64) {
@@ -293,6 +339,27 @@ impl MeshStats {
     pub fn protocol_errors(&self) -> u64 {
         self.protocol_errors.load(Ordering::Relaxed)
     }
+
+    /// `MeshLookup`s sent to peers (one per peer asked).
+    pub fn lookups_sent(&self) -> u64 {
+        self.lookups_sent.load(Ordering::Relaxed)
+    }
+
+    /// Lookups ([`Mesh::lookup`]) a peer answered with "connected here".
+    pub fn lookups_found(&self) -> u64 {
+        self.lookups_found.load(Ordering::Relaxed)
+    }
+
+    /// Lookups that found the process nowhere: every peer said no, none was
+    /// linked, or the time ran out first.
+    pub fn lookups_not_found(&self) -> u64 {
+        self.lookups_not_found.load(Ordering::Relaxed)
+    }
+
+    /// `MeshLookup`s received from peers and answered.
+    pub fn lookups_received(&self) -> u64 {
+        self.lookups_received.load(Ordering::Relaxed)
+    }
 }
 
 /// State shared by the mesh handle and the tasks of its outgoing links.
@@ -340,6 +407,10 @@ pub struct Mesh {
     shared: Arc<Shared>,
     gateway: Arc<Gateway>,
     replays: server::ReplayGuard,
+    /// Where the generation of a process held here comes from, for the
+    /// peers' lookups; without it they are answered from the gateway alone
+    /// (generation 0).
+    answerer: std::sync::OnceLock<Arc<dyn LookupAnswerer>>,
 }
 
 impl std::fmt::Debug for Mesh {
@@ -366,7 +437,15 @@ impl Mesh {
             }),
             gateway,
             replays: server::ReplayGuard::default(),
+            answerer: std::sync::OnceLock::new(),
         })
+    }
+
+    /// Answers the peers' lookups for processes connected here with
+    /// `answerer` (the route table): the generation of their registration,
+    /// and their route written again. Set once; later calls are ignored.
+    pub fn answer_lookups_with(&self, answerer: Arc<dyn LookupAnswerer>) {
+        let _ = self.answerer.set(answerer);
     }
 
     /// Accepts the peers' links on `listener` until `shutdown`.
@@ -464,6 +543,70 @@ impl Mesh {
             .link()
             .ok_or_else(|| MeshError::NotLinked(node_id.to_string()))?;
         link.forward(&self.shared.stats, process_id, delivery_id, message)
+    }
+
+    /// Asks every peer linked now, at once, whether `process_id` is
+    /// connected to it. Resolves with the first peer that says so, or
+    /// `None` once every peer said no (or its link broke first), at once
+    /// when no peer is linked, and after [`MeshOptions::lookup_timeout`] at
+    /// the latest. A peer with [`MAX_PENDING_LOOKUPS`] lookups waiting on
+    /// its link is not asked. Dropping the future forgets its lookups.
+    pub fn lookup(&self, process_id: &str) -> BoxFuture<'static, Option<LookupFound>> {
+        let links: Vec<_> = if self.shared.closed.is_cancelled() {
+            Vec::new()
+        } else {
+            self.shared
+                .lock_peers()
+                .values()
+                .filter_map(|slot| slot.link())
+                .collect()
+        };
+        let mut answers: FuturesUnordered<_> = links
+            .into_iter()
+            .filter_map(|link| link.lookup(&self.shared.stats, process_id))
+            .map(link::AskedLookup::answer)
+            .collect();
+        let shared = self.shared.clone();
+        async move {
+            let first_found = async {
+                while let Some((node, answer)) = answers.next().await {
+                    if let Some(generation) = answer {
+                        return Some(LookupFound { node, generation });
+                    }
+                }
+                None
+            };
+            let found = tokio::time::timeout(shared.options.lookup_timeout, first_found)
+                .await
+                .unwrap_or(None);
+            bump(if found.is_some() {
+                &shared.stats.lookups_found
+            } else {
+                &shared.stats.lookups_not_found
+            });
+            found
+        }
+        .boxed()
+    }
+
+    /// Lookups waiting for their answer on the link to `node_id` now;
+    /// `None` when no link to it is up.
+    pub fn pending_lookups(&self, node_id: &str) -> Option<usize> {
+        let link = self.shared.lock_peers().get(node_id)?.link()?;
+        Some(link.pending_lookups())
+    }
+
+    /// The answer to a peer's lookup for `process_id`: its generation when
+    /// it is connected here (the route table asked to write its route
+    /// again), `None` when it is not.
+    fn answer_lookup(&self, process_id: &str) -> Option<u64> {
+        bump(&self.shared.stats.lookups_received);
+        self.gateway.session(process_id)?;
+        Some(
+            self.answerer
+                .get()
+                .map_or(0, |answerer| answerer.asked_for(process_id)),
+        )
     }
 
     /// The peers with an authenticated outgoing link now, sorted.

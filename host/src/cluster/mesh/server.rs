@@ -2,7 +2,9 @@
 //! dialer's `MeshHello` and answering with a `MeshWelcome` (from then on
 //! every frame is sealed), then handing its `Forward`s to the gateway in the
 //! order they arrive and answering each with a `ForwardAck` when the
-//! process answers (in whatever order that happens).
+//! process answers (in whatever order that happens), and answering each
+//! `MeshLookup` at once with a `MeshLookupAnswer` (is the process connected
+//! here?).
 //!
 //! Anything a peer sends that is not a valid frame, not allowed at that
 //! point, or does not authenticate gets an `Error` frame and the link is
@@ -242,6 +244,15 @@ async fn serve_link(
                     break ("the forward dispatcher stopped".to_string(), None);
                 }
                 None
+            }
+            Some(Kind::MeshLookup(lookup)) => {
+                let generation = mesh.answer_lookup(&lookup.process_id);
+                Some(Frame::of(Kind::MeshLookupAnswer(v1::MeshLookupAnswer {
+                    lookup_id: lookup.lookup_id,
+                    process_id: lookup.process_id,
+                    connected: generation.is_some(),
+                    generation: generation.unwrap_or_default(),
+                })))
             }
             Some(Kind::Ping(ping)) => Some(Frame::of(Kind::Pong(v1::Pong { nonce: ping.nonce }))),
             Some(Kind::Pong(_)) => None,
