@@ -145,14 +145,16 @@ impl Tally {
 }
 
 /// Reads one process's events: acks every delivery, reports it, counts
-/// moves and losses.
+/// moves and losses. The task ends when the client is closed (its events
+/// end); [`hold`] keeps the handle and awaits it.
+#[allow(clippy::disallowed_methods)]
 fn serve(
     n: u64,
     process_id: String,
     mut events: Events,
     tx: mpsc::UnboundedSender<Arrival>,
     counters: Arc<Counters>,
-) {
+) -> tokio::task::JoinHandle<()> {
     tokio::spawn(async move {
         while let Some(event) = events.next().await {
             match event {
@@ -189,7 +191,7 @@ fn serve(
                 }
             }
         }
-    });
+    })
 }
 
 /// Connects the processes, receives until SIGTERM or SIGINT, then prints
@@ -212,17 +214,18 @@ pub(crate) async fn hold(args: Hold) -> Result<(), String> {
         .collect()
         .await;
     let mut clients: Vec<(u64, Client)> = Vec::new();
+    let mut tasks = Vec::new();
     let mut failed = 0u64;
     for (n, result) in results {
         match result {
             Ok((client, events)) => {
-                serve(
+                tasks.push(serve(
                     n,
                     format!("{}{n}", args.prefix),
                     events,
                     tx.clone(),
                     counters.clone(),
-                );
+                ));
                 clients.push((n, client));
             }
             Err(error) => {
@@ -282,6 +285,9 @@ pub(crate) async fn hold(args: Hold) -> Result<(), String> {
         file.flush().map_err(|e| e.to_string())?;
     }
     futures::future::join_all(clients.into_iter().map(|(_, client)| client.close())).await;
+    // Their event streams end with the clients; do not hang on one that
+    // does not.
+    let _ = tokio::time::timeout(Duration::from_secs(5), futures::future::join_all(tasks)).await;
     if failed > 0 {
         return Err(format!("{failed} processes could not connect"));
     }
