@@ -608,10 +608,14 @@ async fn a_node_that_missed_a_route_record_delivers_after_anti_entropy_well_befo
     kafka.create_topic(BUSINESS, 2).await;
     let refresh = "route_refresh_interval = \"3s\"";
     // node-a's reader drops the route record of `missed` once: a broker
-    // that lost it.
+    // that lost it. Its mesh lookups are off, or they would heal it first
+    // (a_node_that_missed_a_route_record_delivers_at_once_through_a_mesh_lookup).
     let node_a = RelayProcess::start(
         &node_config("node-a", &kafka.bootstrap(), refresh),
-        &[("WASMRELAY_TEST_DROP_ROUTE_RECORD", "missed")],
+        &[
+            ("WASMRELAY_TEST_DROP_ROUTE_RECORD", "missed"),
+            ("WASMRELAY_TEST_NO_MESH_LOOKUPS", "1"),
+        ],
     );
     let mut cluster = Cluster { nodes: Vec::new() };
     cluster
@@ -654,6 +658,100 @@ async fn a_node_that_missed_a_route_record_delivers_after_anti_entropy_well_befo
         "well before the ttl"
     );
     assert!(cluster.cluster_json(1)["stats"]["routes_republished"].as_u64() > Some(0));
+    assert_eq!(cluster.cluster_json(0)["stats"]["lookups_sent"], 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_that_missed_a_route_record_delivers_at_once_through_a_mesh_lookup() {
+    let kafka = Tansu::start();
+    kafka.create_topic(BUSINESS, 2).await;
+    // Anti-entropy cannot be what heals it within this test.
+    let refresh = "route_refresh_interval = \"1h\"";
+    // node-a's reader drops the route record of `missed` once: a broker
+    // that lost it.
+    let node_a = RelayProcess::start(
+        &node_config("node-a", &kafka.bootstrap(), refresh),
+        &[("WASMRELAY_TEST_DROP_ROUTE_RECORD", "missed")],
+    );
+    let mut cluster = Cluster { nodes: Vec::new() };
+    cluster
+        .nodes
+        .push(("node-a".to_string(), client_addr(&node_a), Some(node_a)));
+    cluster.start_node(&kafka, "node-b", refresh);
+    let mut pool = ProcessPool::default();
+    pool.connect(&[cluster.nodes[1].1.clone()], "missed", false)
+        .await;
+    cluster
+        .node(0)
+        .wait_for("node-a dropped the route", Duration::from_secs(10), || {
+            cluster.node(0).log().contains("dropping a route record")
+        })
+        .await;
+    assert_eq!(
+        get_json(&format!("{}/processes?id=missed", cluster.node(0).admin)).0,
+        404,
+        "node-a knows no route for the process"
+    );
+    // Messages for it on both partitions: node-a's share finds the process
+    // by asking node-b over the mesh, on the first attempt.
+    kafka
+        .produce(
+            BUSINESS,
+            (0..20).map(|n| TestRecord::keyed("missed", format!("{n}")).in_partition(n % 2)),
+        )
+        .await;
+    let started = std::time::Instant::now();
+    cluster
+        .node(0)
+        .wait_for("every message delivered", Duration::from_secs(15), || {
+            pool.count() == 20
+        })
+        .await;
+    let took = started.elapsed();
+    let consumed_by_a = cluster
+        .node(0)
+        .metric(r#"wasmrelay_messages_consumed_total{flow="business"}"#);
+    assert!(
+        consumed_by_a > 0,
+        "node-a consumed none of the messages (no partition?): nothing shown"
+    );
+    let stats_a = &cluster.cluster_json(0)["stats"];
+    assert!(stats_a["lookups_found"].as_u64() >= Some(1), "{stats_a}");
+    assert_eq!(
+        cluster
+            .node(0)
+            .metric(r#"wasmrelay_retries_total{flow="business"}"#),
+        0,
+        "node-a delivered its share on the first attempts ({took:?}): {stats_a}"
+    );
+    // The holder wrote its route again (anti-entropy would not have for an
+    // hour), and node-a read it: it routes to node-b.
+    let stats_b = &cluster.cluster_json(1)["stats"];
+    assert!(stats_b["lookups_received"].as_u64() >= Some(1), "{stats_b}");
+    assert!(
+        stats_b["routes_republished"].as_u64() >= Some(1),
+        "{stats_b}"
+    );
+    let routes = kafka
+        .consume_all("wasmrelay.routes", 1_000, Duration::from_secs(3))
+        .await;
+    let written: Vec<Value> = routes
+        .iter()
+        .filter(|r| r.key.as_deref() == Some(b"missed".as_slice()))
+        .filter_map(|r| serde_json::from_slice(r.value.as_deref()?).ok())
+        .collect();
+    assert!(
+        written.len() >= 2,
+        "the route was not written again: {written:?}"
+    );
+    assert!(
+        written
+            .iter()
+            .all(|w| w["node"] == "node-b" && w["generation"] == written[0]["generation"]),
+        "{written:?}"
+    );
+    let (status, process) = get_json(&format!("{}/processes?id=missed", cluster.node(0).admin));
+    assert_eq!((status, &process["node"]), (200, &Value::from("node-b")));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

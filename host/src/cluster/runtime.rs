@@ -324,6 +324,11 @@ impl ClusterRuntime {
                 // A link silent for three keepalives is broken: as long as
                 // a node may stay silent before it counts as dead.
                 keepalive: (config.node_timeout / 3).max(config.heartbeat_interval),
+                lookup_timeout: if std::env::var_os(super::mesh::NO_LOOKUPS_ENV).is_some() {
+                    Duration::ZERO
+                } else {
+                    super::mesh::DEFAULT_LOOKUP_TIMEOUT
+                },
                 tls: mesh_tls,
                 ..MeshOptions::default()
             },

@@ -78,6 +78,8 @@ pub struct MeshOptions {
     pub reconnect_backoff: (Duration, Duration),
     /// How long [`Mesh::lookup`] waits for a peer holding the process
     /// before it gives up (when not every peer answered "no" sooner).
+    /// Zero turns lookups off: they find nothing and ask no peer (this
+    /// node still answers its peers' lookups).
     pub lookup_timeout: Duration,
     /// Mutual TLS on the links, both ways; plain TCP when `None`.
     pub tls: Option<MeshTls>,
@@ -175,6 +177,11 @@ impl Default for MeshOptions {
         }
     }
 }
+
+/// Set (to anything) in a node's environment, turns its mesh lookups off
+/// ([`MeshOptions::lookup_timeout`] zero): for the tests of what heals a
+/// missed route without them (anti-entropy).
+pub const NO_LOOKUPS_ENV: &str = "WASMRELAY_TEST_NO_MESH_LOOKUPS";
 
 /// How long a lookup waits for its answers by default.
 pub const DEFAULT_LOOKUP_TIMEOUT: Duration = Duration::from_secs(1);
@@ -552,7 +559,8 @@ impl Mesh {
     /// the latest. A peer with [`MAX_PENDING_LOOKUPS`] lookups waiting on
     /// its link is not asked. Dropping the future forgets its lookups.
     pub fn lookup(&self, process_id: &str) -> BoxFuture<'static, Option<LookupFound>> {
-        let links: Vec<_> = if self.shared.closed.is_cancelled() {
+        let off = self.shared.options.lookup_timeout.is_zero();
+        let links: Vec<_> = if off || self.shared.closed.is_cancelled() {
             Vec::new()
         } else {
             self.shared
