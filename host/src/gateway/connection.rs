@@ -5,6 +5,10 @@
 //! the last word to the client (`Replaced` or `Error`) when the node ends
 //! the session.
 //!
+//! The frames go through `wasmrelay_protocol::io`, whose buffers are given
+//! back while the connection is idle: an idle process costs the node its
+//! session and two small tasks, not two 8 KiB buffers.
+//!
 //! Anything a client sends that is not a valid frame, or not allowed at that
 //! point, gets an `Error` frame naming the problem and the connection is
 //! closed; the node and its other connections are not affected.
@@ -13,12 +17,11 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures::stream::SplitSink;
-use futures::{SinkExt as _, StreamExt as _};
+use tokio::io::WriteHalf;
 use tokio::net::TcpStream;
 use tokio::sync::{Semaphore, mpsc};
-use tokio_util::codec::Framed;
 use tokio_util::sync::CancellationToken;
+use wasmrelay_protocol::io::{FrameReader, FrameWriter};
 use wasmrelay_protocol::v1::{self, ErrorCode};
 use wasmrelay_protocol::{CodecError, Frame, FrameCodec, Kind, PROTOCOL_VERSION};
 
@@ -31,7 +34,8 @@ const FAREWELL_TIMEOUT: Duration = Duration::from_secs(1);
 /// Frames written before the socket is flushed, when more are queued.
 const WRITE_BATCH: usize = 64;
 
-type Sink = SplitSink<Framed<Stream, FrameCodec>, Frame>;
+/// The frames sent to a client (buffers only while a batch is written).
+type Sink = FrameWriter<WriteHalf<Stream>>;
 
 /// Serves one accepted connection until it ends.
 pub(crate) async fn serve_connection(
@@ -55,9 +59,11 @@ pub(crate) async fn serve_connection(
         .peer_certificates()
         .first()
         .and_then(crate::tls::common_name);
-    let mut framed = Framed::new(stream, FrameCodec::new(options.max_frame_bytes));
+    let (read_half, write_half) = tokio::io::split(stream);
+    let mut frames = FrameReader::new(read_half, FrameCodec::new(options.max_frame_bytes));
+    let mut framed = FrameWriter::new(write_half, FrameCodec::new(options.max_frame_bytes));
 
-    let hello = match tokio::time::timeout(options.hello_timeout, framed.next()).await {
+    let hello = match tokio::time::timeout(options.hello_timeout, frames.next()).await {
         Err(_) => {
             let reason = format!("no Hello within {:?}", options.hello_timeout);
             refuse(&gateway, &mut framed, peer, ErrorCode::IdleTimeout, reason).await;
@@ -122,8 +128,7 @@ pub(crate) async fn serve_connection(
             // Never the token itself: it is a credential.
             tracing::warn!(%peer, process = %hello.process_id, reason = refusal.reason(), %refusal, "refusing a client: no valid credential for its process id");
             let frame = Frame::error(ErrorCode::Unauthorized, refusal.to_string());
-            let _ = tokio::time::timeout(FAREWELL_TIMEOUT, framed.send(frame)).await;
-            let _ = tokio::time::timeout(FAREWELL_TIMEOUT, framed.close()).await;
+            farewell(&mut framed, frame).await;
             return;
         }
     };
@@ -155,8 +160,7 @@ pub(crate) async fn serve_connection(
                     Frame::error(ErrorCode::NodeFull, reason)
                 }
             };
-            let _ = tokio::time::timeout(FAREWELL_TIMEOUT, framed.send(frame)).await;
-            let _ = tokio::time::timeout(FAREWELL_TIMEOUT, framed.close()).await;
+            farewell(&mut framed, frame).await;
             return;
         }
     };
@@ -177,17 +181,16 @@ pub(crate) async fn serve_connection(
         max_frame_bytes: u32::try_from(options.max_frame_bytes).unwrap_or(u32::MAX),
         max_unacked: u32::try_from(options.max_unacked).unwrap_or(u32::MAX),
     }));
-    if framed.send(welcome).await.is_err() {
+    if framed.send(&welcome).await.is_err() {
         return;
     }
     gateway.register(session.clone());
     drop(admission);
     tracing::debug!(process = %hello.process_id, %peer, client = %hello.client_name, ?identity, "process registered");
 
-    let (sink, mut frames) = framed.split();
     // Awaited when the connection ends.
     #[allow(clippy::disallowed_methods)]
-    let writer = tokio::spawn(write_frames(sink, outbound_rx, session.clone()));
+    let writer = tokio::spawn(write_frames(framed, outbound_rx, session.clone()));
     let idle_timeout = options.keepalive * 3;
     let sends = Arc::new(Semaphore::new(options.max_unacked));
     loop {
@@ -326,13 +329,13 @@ async fn write_frames(mut sink: Sink, mut outbound: mpsc::Receiver<Frame>, sessi
                 None => break,
             },
         };
-        if sink.feed(frame).await.is_err() {
+        if sink.queue(&frame).is_err() {
             break;
         }
         for _ in 1..WRITE_BATCH {
             match outbound.try_recv() {
                 Ok(frame) => {
-                    if sink.feed(frame).await.is_err() {
+                    if sink.queue(&frame).is_err() {
                         break 'outer;
                     }
                 }
@@ -354,32 +357,35 @@ async fn write_frames(mut sink: Sink, mut outbound: mpsc::Receiver<Frame>, sessi
         }
         Some(Ending::ClientGone(_)) | None => None,
     };
-    if let Some(frame) = last_word {
-        let _ = tokio::time::timeout(FAREWELL_TIMEOUT, sink.send(frame)).await;
+    match last_word {
+        Some(frame) => farewell(&mut sink, frame).await,
+        None => {
+            let _ = tokio::time::timeout(FAREWELL_TIMEOUT, sink.close()).await;
+        }
     }
+}
+
+/// Sends `frame` as the last word and closes, each within
+/// [`FAREWELL_TIMEOUT`].
+async fn farewell(sink: &mut Sink, frame: Frame) {
+    let _ = tokio::time::timeout(FAREWELL_TIMEOUT, sink.send(&frame)).await;
     let _ = tokio::time::timeout(FAREWELL_TIMEOUT, sink.close()).await;
 }
 
 /// Answers a connection that never registered with `Error` and closes it.
 async fn refuse(
     gateway: &Gateway,
-    framed: &mut Framed<Stream, FrameCodec>,
+    framed: &mut Sink,
     peer: SocketAddr,
     code: ErrorCode,
     reason: String,
 ) {
     gateway.stats().protocol_error();
     tracing::info!(%peer, ?code, %reason, "refusing a client connection");
-    let _ = tokio::time::timeout(FAREWELL_TIMEOUT, framed.send(Frame::error(code, reason))).await;
-    let _ = tokio::time::timeout(FAREWELL_TIMEOUT, framed.close()).await;
+    farewell(framed, Frame::error(code, reason)).await;
 }
 
-async fn codec_failure(
-    gateway: &Gateway,
-    framed: &mut Framed<Stream, FrameCodec>,
-    peer: SocketAddr,
-    error: CodecError,
-) {
+async fn codec_failure(gateway: &Gateway, framed: &mut Sink, peer: SocketAddr, error: CodecError) {
     match error.code() {
         Some(code) => refuse(gateway, framed, peer, code, error.to_string()).await,
         None => tracing::debug!(%peer, %error, "client connection ended before its Hello"),
