@@ -6,12 +6,13 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use futures::{Sink, SinkExt};
 use prost::Message as _;
+use tokio::io::AsyncWrite;
 use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
+use wasmrelay_protocol::io::FrameWriter;
 use wasmrelay_protocol::v1::{self, ErrorCode};
-use wasmrelay_protocol::{CodecError, Frame, Kind};
+use wasmrelay_protocol::{Frame, Kind};
 
 /// One registered connection to a node.
 #[derive(Debug)]
@@ -164,13 +165,13 @@ impl Connection {
 /// queued before flushing) until the connection ends, then writes what is
 /// still queued and closes the sink. An error is the reason the connection
 /// broke.
-pub(crate) async fn write_frames<S>(
-    mut sink: S,
+pub(crate) async fn write_frames<W>(
+    mut sink: FrameWriter<W>,
     mut queue: mpsc::UnboundedReceiver<Frame>,
     alive: CancellationToken,
 ) -> Result<(), String>
 where
-    S: Sink<Frame, Error = CodecError> + Unpin,
+    W: AsyncWrite + Unpin,
 {
     loop {
         let frame = tokio::select! {
@@ -181,9 +182,9 @@ where
             },
             () = alive.cancelled() => break,
         };
-        feed(&mut sink, frame).await?;
+        feed(&mut sink, &frame);
         while let Ok(frame) = queue.try_recv() {
-            feed(&mut sink, frame).await?;
+            feed(&mut sink, &frame);
         }
         sink.flush()
             .await
@@ -194,21 +195,16 @@ where
         .map_err(|e| format!("cannot close the connection: {e}"))
 }
 
-async fn feed<S>(sink: &mut S, frame: Frame) -> Result<(), String>
+fn feed<W>(sink: &mut FrameWriter<W>, frame: &Frame)
 where
-    S: Sink<Frame, Error = CodecError> + Unpin,
+    W: AsyncWrite + Unpin,
 {
-    let kind = frame.kind_name();
-    match sink.feed(frame).await {
-        Ok(()) => Ok(()),
-        // Nothing was written: the codec checks the length first. Sends are
-        // checked before they are queued, so this is a huge nack reason or
-        // error text; dropping it is better than breaking the connection.
-        Err(error @ CodecError::TooLarge { .. }) => {
-            tracing::error!(%error, kind, "a frame was too large to send; dropped");
-            Ok(())
-        }
-        Err(error) => Err(format!("cannot write to the node: {error}")),
+    // Nothing is queued of a frame too large: the codec checks the length
+    // first. Sends are checked before they are queued, so this is a huge
+    // nack reason or error text; dropping it is better than breaking the
+    // connection.
+    if let Err(error) = sink.queue(frame) {
+        tracing::error!(%error, kind = frame.kind_name(), "a frame was too large to send; dropped");
     }
 }
 

@@ -6,9 +6,9 @@
 
 use std::collections::VecDeque;
 
-use futures::{SinkExt, StreamExt};
+use tokio::io::{ReadHalf, WriteHalf};
 use tokio::net::TcpStream;
-use tokio_util::codec::Framed;
+use wasmrelay_protocol::io::{FrameReader, FrameWriter};
 use wasmrelay_protocol::v1::{self, ErrorCode};
 use wasmrelay_protocol::{CodecError, Frame, FrameCodec, Kind, PROTOCOL_VERSION};
 
@@ -16,8 +16,24 @@ use crate::config::ClientConfig;
 use crate::error::ClientError;
 use crate::stream::Stream;
 
-/// The framed socket of a connection.
-pub(crate) type Transport = Framed<Stream, FrameCodec>;
+/// The framed socket of a connection, its two directions apart: buffers
+/// are held only while bytes are in flight, so an idle connection costs
+/// the process none (see `wasmrelay_protocol::io`).
+#[derive(Debug)]
+pub(crate) struct Transport {
+    pub(crate) frames: FrameReader<ReadHalf<Stream>>,
+    pub(crate) sink: FrameWriter<WriteHalf<Stream>>,
+}
+
+impl Transport {
+    fn new(stream: Stream, max_frame_bytes: usize) -> Transport {
+        let (read, write) = tokio::io::split(stream);
+        Transport {
+            frames: FrameReader::new(read, FrameCodec::new(max_frame_bytes)),
+            sink: FrameWriter::new(write, FrameCodec::new(max_frame_bytes)),
+        }
+    }
+}
 
 /// How many `Redirect`s in a row are followed before giving up on a chain.
 pub(crate) const MAX_REDIRECTS: u32 = 3;
@@ -194,7 +210,7 @@ async fn handshake(
             tls.connect(address, tcp).await.map_err(Attempt::Failed)?,
         )),
     };
-    let mut transport = Framed::new(stream, FrameCodec::new(config.max_frame_bytes));
+    let mut transport = Transport::new(stream, config.max_frame_bytes);
     let hello = Kind::Hello(v1::Hello {
         protocol_version: PROTOCOL_VERSION,
         process_id: config.process_id.clone(),
@@ -204,15 +220,19 @@ async fn handshake(
         redirects,
     });
     transport
-        .send(Frame::of(hello))
+        .sink
+        .send(&Frame::of(hello))
         .await
         .map_err(|e| Attempt::Failed(format!("cannot send Hello: {e}")))?;
     loop {
-        let frame = match transport.next().await {
+        let frame = match transport.frames.next().await {
             Some(Ok(frame)) => frame,
             Some(Err(error)) => {
                 if let Some(code) = error.code() {
-                    let _ = transport.send(Frame::error(code, error.to_string())).await;
+                    let _ = transport
+                        .sink
+                        .send(&Frame::error(code, error.to_string()))
+                        .await;
                 }
                 return Err(Attempt::Failed(match tls_alert(&error) {
                     // With TLS 1.3 the node checks a client certificate
@@ -258,7 +278,8 @@ async fn handshake(
             Some(Kind::Ping(ping)) => {
                 let pong = Frame::of(Kind::Pong(v1::Pong { nonce: ping.nonce }));
                 transport
-                    .send(pong)
+                    .sink
+                    .send(&pong)
                     .await
                     .map_err(|e| Attempt::Failed(format!("cannot answer Ping: {e}")))?;
             }
@@ -267,7 +288,8 @@ async fn handshake(
                 let name = frame.kind_name();
                 let message = format!("unexpected {name} frame before Welcome");
                 let _ = transport
-                    .send(Frame::error(ErrorCode::ProtocolViolation, message.clone()))
+                    .sink
+                    .send(&Frame::error(ErrorCode::ProtocolViolation, message.clone()))
                     .await;
                 return Err(Attempt::Failed(message));
             }

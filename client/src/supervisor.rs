@@ -7,8 +7,6 @@ use std::future::pending;
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures::StreamExt;
-use futures::stream::SplitStream;
 use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
 use tokio::time::{Instant, MissedTickBehavior};
@@ -22,7 +20,10 @@ use crate::connection::{Connection, error_kind, write_frames};
 use crate::delivery::Delivery;
 use crate::dial::{self, Candidate, DialError, Registered, Transport};
 use crate::events::Event;
+use crate::stream::Stream;
+use tokio::io::ReadHalf;
 use wasmrelay_protocol::Backoff;
+use wasmrelay_protocol::io::FrameReader;
 
 /// How long a closing connection may take to write what is queued.
 const CLOSE_GRACE: Duration = Duration::from_secs(1);
@@ -271,7 +272,10 @@ impl Supervisor {
             0 => self.config.max_frame_bytes,
             node_max => node_max.min(self.config.max_frame_bytes),
         };
-        let (sink, mut stream) = transport.split();
+        let Transport {
+            frames: mut stream,
+            sink,
+        } = transport;
         let (connection, queue) = Connection::new(welcome.node_id.clone(), address, max_send_bytes);
         let mut writer = Some(self.closing.spawn(write_frames(
             sink,
@@ -318,7 +322,7 @@ impl Supervisor {
     async fn read(
         &self,
         connection: &Arc<Connection>,
-        stream: &mut SplitStream<Transport>,
+        stream: &mut FrameReader<ReadHalf<Stream>>,
         writer: &mut Option<JoinHandle<Result<(), String>>>,
         keepalive: Duration,
     ) -> End {
