@@ -19,7 +19,8 @@ use wasmrelay_protocol::{Frame, Kind};
 pub(crate) struct Connection {
     node_id: String,
     address: String,
-    outbox: mpsc::UnboundedSender<Frame>,
+    /// Boxed: the queue's first block holds 32 frames from the start.
+    outbox: mpsc::UnboundedSender<Box<Frame>>,
     alive: CancellationToken,
     sends: Mutex<PendingSends>,
     max_send_bytes: usize,
@@ -51,7 +52,7 @@ impl Connection {
         node_id: String,
         address: String,
         max_send_bytes: usize,
-    ) -> (Arc<Connection>, mpsc::UnboundedReceiver<Frame>) {
+    ) -> (Arc<Connection>, mpsc::UnboundedReceiver<Box<Frame>>) {
         let (outbox, queue) = mpsc::unbounded_channel();
         let connection = Connection {
             node_id,
@@ -86,7 +87,7 @@ impl Connection {
 
     /// Queues a frame for the writer; false when the connection has ended.
     pub(crate) fn queue(&self, kind: Kind) -> bool {
-        self.is_alive() && self.outbox.send(Frame::of(kind)).is_ok()
+        self.is_alive() && self.outbox.send(Box::new(Frame::of(kind))).is_ok()
     }
 
     /// Registers `body` as the next send, queues it, and returns its
@@ -110,7 +111,7 @@ impl Connection {
                 max: self.max_send_bytes,
             });
         }
-        if let Err(mpsc::error::SendError(frame)) = self.outbox.send(frame) {
+        if let Err(mpsc::error::SendError(frame)) = self.outbox.send(Box::new(frame)) {
             match frame.kind {
                 Some(Kind::Send(body)) => return Err(StartSendError::Gone(body)),
                 _ => unreachable!("the frame handed back is the Send frame"),
@@ -167,7 +168,7 @@ impl Connection {
 /// broke.
 pub(crate) async fn write_frames<W>(
     mut sink: FrameWriter<W>,
-    mut queue: mpsc::UnboundedReceiver<Frame>,
+    mut queue: mpsc::UnboundedReceiver<Box<Frame>>,
     alive: CancellationToken,
 ) -> Result<(), String>
 where

@@ -53,17 +53,18 @@ pub enum Event {
 /// at once), so read the events promptly.
 #[derive(Debug)]
 pub struct Events {
-    receiver: mpsc::UnboundedReceiver<Event>,
+    /// Boxed: the queue's first block holds 32 events from the start.
+    receiver: mpsc::UnboundedReceiver<Box<Event>>,
 }
 
 impl Events {
-    pub(crate) fn new(receiver: mpsc::UnboundedReceiver<Event>) -> Events {
+    pub(crate) fn new(receiver: mpsc::UnboundedReceiver<Box<Event>>) -> Events {
         Events { receiver }
     }
 
     /// The next event; `None` once the client has stopped.
     pub async fn next(&mut self) -> Option<Event> {
-        self.receiver.recv().await
+        self.receiver.recv().await.map(|event| *event)
     }
 }
 
@@ -71,6 +72,8 @@ impl Stream for Events {
     type Item = Event;
 
     fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Event>> {
-        self.receiver.poll_recv(cx)
+        self.receiver
+            .poll_recv(cx)
+            .map(|event| event.map(|event| *event))
     }
 }

@@ -43,7 +43,7 @@ pub(crate) enum State {
 #[derive(Debug)]
 pub(crate) struct Supervisor {
     config: Arc<ClientConfig>,
-    events: mpsc::UnboundedSender<Event>,
+    events: mpsc::UnboundedSender<Box<Event>>,
     state: watch::Sender<State>,
     /// Cancelled by `Client::close`.
     close: CancellationToken,
@@ -74,7 +74,7 @@ enum End {
 impl Supervisor {
     pub(crate) fn new(
         config: Arc<ClientConfig>,
-        events: mpsc::UnboundedSender<Event>,
+        events: mpsc::UnboundedSender<Box<Event>>,
         state: watch::Sender<State>,
         close: CancellationToken,
         handles_gone: CancellationToken,
@@ -165,7 +165,7 @@ impl Supervisor {
     fn emit(&self, event: Event) {
         // Nobody reads the events any more: a delivery dropped here is
         // redelivered by the node.
-        let _ = self.events.send(event);
+        let _ = self.events.send(Box::new(event));
     }
 
     /// Completes when the client is closed, or when every handle and the

@@ -319,7 +319,11 @@ fn answer(
 /// Writes the session's queued frames, flushing when the queue runs dry;
 /// when the session ends, writes the last word (`Replaced` or `Error`) and
 /// closes the socket.
-async fn write_frames(mut sink: Sink, mut outbound: mpsc::Receiver<Frame>, session: Arc<Session>) {
+async fn write_frames(
+    mut sink: Sink,
+    mut outbound: mpsc::Receiver<Box<Frame>>,
+    session: Arc<Session>,
+) {
     'outer: loop {
         let frame = tokio::select! {
             biased;
