@@ -112,7 +112,10 @@ impl Supervisor {
         loop {
             let registered = match next.take() {
                 Some(registered) => registered,
-                None => match self.reconnect(&mut backoff, pause).await {
+                // Boxed: dialing (TCP, TLS, Hello) is a large future, and
+                // a task is as large as its largest state; only while
+                // dialing does this cost anything.
+                None => match Box::pin(self.reconnect(&mut backoff, pause)).await {
                     Ok(registered) => registered,
                     Err(reason) => return self.finish(reason),
                 },

@@ -44,9 +44,11 @@ pub(crate) async fn serve_connection(
     peer: SocketAddr,
     shutdown: CancellationToken,
 ) {
-    let options = gateway.options().clone();
+    let options = gateway.options();
     let stream =
-        match crate::net::accept_tls(options.tls.as_deref(), stream, options.hello_timeout).await {
+        // Boxed, like `admit` below: a task is as large as its largest
+        // state, and these are needed only until the process registers.
+        match Box::pin(crate::net::accept_tls(options.tls.as_deref(), stream, options.hello_timeout)).await {
             Ok(stream) => stream,
             Err(reason) => {
                 gateway.stats().tls_failure();
@@ -136,12 +138,11 @@ pub(crate) async fn serve_connection(
     // Where a process not connected here yet goes: here while below the
     // quota, or (for a client that follows redirects and was not
     // redirected already) wherever the placement policy says.
-    let admission = match gateway
-        .admit(
-            &hello.process_id,
-            hello.accepts_redirect && hello.redirects == 0,
-        )
-        .await
+    let admission = match Box::pin(gateway.admit(
+        &hello.process_id,
+        hello.accepts_redirect && hello.redirects == 0,
+    ))
+    .await
     {
         Ok(admission) => admission,
         Err(placement) => {
@@ -187,6 +188,9 @@ pub(crate) async fn serve_connection(
     gateway.register(session.clone());
     drop(admission);
     tracing::debug!(process = %hello.process_id, %peer, client = %hello.client_name, ?identity, "process registered");
+    // The Hello's strings (the token among them) are not kept for the life
+    // of the connection.
+    drop(hello);
 
     // Awaited when the connection ends.
     #[allow(clippy::disallowed_methods)]
