@@ -97,6 +97,12 @@ async fn processes_given_one_address_spread_over_the_nodes_by_quota() {
         redirected >= counts["node-2"] + counts["node-3"],
         "{redirected} redirects for {counts:?}"
     );
+    // The same counts in the Prometheus metrics.
+    let in_metrics: u64 = nodes
+        .iter()
+        .map(|node| node.metric("wasmrelay_cluster_clients_redirected_total"))
+        .sum();
+    assert_eq!(in_metrics, redirected);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -136,6 +142,11 @@ async fn a_full_cluster_refuses_a_new_process_with_the_reason() {
         })
         .sum();
     assert!(refused >= 1);
+    let in_metrics: u64 = nodes
+        .iter()
+        .map(|node| node.metric("wasmrelay_cluster_clients_refused_full_total"))
+        .sum();
+    assert_eq!(in_metrics, refused);
     // A process that is connected already may still come back.
     let (again, _events) = Client::connect(sdk_config(&first, "p-0"))
         .await

@@ -181,6 +181,7 @@ impl ClusterRuntime {
                 .unwrap_or_else(|| admin_addr.to_string()),
         };
 
+        metrics.register_placement(gateway.stats());
         let cluster_metrics = metrics.cluster();
         let secret = config.secret.expose().as_bytes();
         let routes = RouteTable::new(

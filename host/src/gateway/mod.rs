@@ -26,6 +26,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use futures::future::BoxFuture;
+use prometheus_client::metrics::counter::Counter;
 use tokio::net::TcpListener;
 use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
@@ -175,8 +176,11 @@ pub struct GatewayStats {
     protocol_errors: AtomicU64,
     replaced: AtomicU64,
     tls_failures: AtomicU64,
-    redirected: AtomicU64,
-    refused_full: AtomicU64,
+    /// Counters (not atomics) so that metrics can register them as they
+    /// are: `wasmrelay_cluster_clients_redirected_total` and
+    /// `..._refused_full_total`.
+    redirected: Counter,
+    refused_full: Counter,
 }
 
 impl GatewayStats {
@@ -190,12 +194,22 @@ impl GatewayStats {
 
     /// Hellos answered with a `Redirect` to another node.
     pub fn redirected(&self) -> u64 {
-        self.redirected.load(Ordering::Relaxed)
+        self.redirected.get()
+    }
+
+    /// The counter behind [`GatewayStats::redirected`], for metrics.
+    pub fn redirected_counter(&self) -> Counter {
+        self.redirected.clone()
+    }
+
+    /// The counter behind [`GatewayStats::refused_full`], for metrics.
+    pub fn refused_full_counter(&self) -> Counter {
+        self.refused_full.clone()
     }
 
     /// Hellos refused because this node (and the cluster) was full.
     pub fn refused_full(&self) -> u64 {
-        self.refused_full.load(Ordering::Relaxed)
+        self.refused_full.get()
     }
 
     /// Connections whose TLS handshake failed or did not finish in time.
@@ -346,10 +360,10 @@ impl Gateway {
         match &placement {
             Placement::Here => {}
             Placement::Elsewhere { .. } => {
-                self.stats.redirected.fetch_add(1, Ordering::Relaxed);
+                self.stats.redirected.inc();
             }
             Placement::Full(_) => {
-                self.stats.refused_full.fetch_add(1, Ordering::Relaxed);
+                self.stats.refused_full.inc();
             }
         }
         placement

@@ -364,6 +364,22 @@ impl RelayMetrics {
         self.cluster.clone()
     }
 
+    /// Registers the placement counters of a cluster node's gateway
+    /// (once, when the cluster flow starts).
+    pub fn register_placement(&self, stats: &crate::gateway::GatewayStats) {
+        let mut registry = self.registry.lock().unwrap_or_else(|e| e.into_inner());
+        registry.register(
+            "cluster_clients_redirected",
+            "New processes redirected to another node by the placement",
+            stats.redirected_counter(),
+        );
+        registry.register(
+            "cluster_clients_refused_full",
+            "New processes refused because this node, and the cluster, had no room",
+            stats.refused_full_counter(),
+        );
+    }
+
     /// The admin listener's connection metrics.
     pub fn admin(&self) -> AdminMetrics {
         self.admin.clone()
