@@ -28,7 +28,8 @@
 #                    through when set
 #
 # What the root gets from this machine: the CA bundle and any local CA
-# certificates (so cargo and apt trust the same CAs), /etc/resolv.conf,
+# certificates (so cargo and apt trust the same CAs), /etc/resolv.conf, an
+# /etc/hosts naming localhost (as an installed Debian has; debootstrap writes none),
 # /proc, /dev, /dev/pts, /sys, RUSTUP_HOME read-only and the rustup proxies
 # (cargo, rustc, ...). It has its own CARGO_HOME (/root/.cargo, first on
 # PATH), so cargo-nextest, tansu and cargo-fuzz are installed inside it, as on
@@ -213,6 +214,12 @@ if compgen -G '/usr/local/share/ca-certificates/*' >/dev/null; then
 fi
 rm -f "$root/etc/resolv.conf"
 cp -L /etc/resolv.conf "$root/etc/resolv.conf"
+# debootstrap writes no /etc/hosts, which every installed Debian has (the
+# installer writes it): without it `localhost` does not resolve, and tests
+# that connect to https://localhost fail for a reason no user would meet.
+if [[ ! -s "$root/etc/hosts" ]]; then
+  printf '127.0.0.1\tlocalhost\n::1\t\tlocalhost ip6-localhost ip6-loopback\n' >"$root/etc/hosts"
+fi
 
 mount_into "$root/proc" -t proc proc
 mount_into "$root/dev" --bind /dev

@@ -332,7 +332,11 @@ impl Gateway {
             return Ok(Admission { gateway: None });
         }
         if may_redirect && let Some(policy) = self.placement.get() {
-            match policy.place(process_id, self.connection_count()).await {
+            // Processes admitted and not yet registered count too: the
+            // last one's client may have its Welcome (and be on to the
+            // next Hello) before its session is in the map.
+            let held = self.connection_count() + self.admitting.load(Ordering::SeqCst);
+            match policy.place(process_id, held).await {
                 Placement::Here => {}
                 elsewhere => return Err(self.count_placement(elsewhere)),
             }
