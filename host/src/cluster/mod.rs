@@ -5,15 +5,17 @@
 //! Owns: naming the process of a message ([`router`]), delivering to it
 //! with retries until a time to live ([`delivery`]), upstream sends
 //! ([`upstream`]), heartbeats and liveness ([`membership`]), the shared
-//! route table ([`routes`]), the links between nodes (`mesh`), and where
-//! processes connect ([`placement`], [`rebalance`]). The TCP
-//! side of processes is the [`crate::gateway`].
+//! route table ([`routes`], stored compact and sharded by `route_map`),
+//! the links between nodes (`mesh`), and where processes connect
+//! ([`placement`], [`rebalance`]). The TCP side of processes is the
+//! [`crate::gateway`].
 
 pub mod delivery;
 pub mod membership;
 pub mod mesh;
 pub mod placement;
 pub mod rebalance;
+mod route_map;
 pub mod router;
 pub mod routes;
 pub mod runtime;

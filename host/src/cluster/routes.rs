@@ -42,6 +42,11 @@
 //! node names are interned and pruned with their last route, so memory
 //! follows the processes of live nodes.
 //!
+//! The table itself is compact and sharded ([`super::route_map`]): a route
+//! is a node id (the names interned), its generation and place in the topic
+//! packed, and a short process id stored inline; lookups take one shard's
+//! read lock, never a lock of the whole table.
+//!
 //! A node that has a message for a process it has no route for asks its
 //! mesh peers ([`crate::cluster::mesh::Mesh::lookup`]): the holder answers
 //! with its registration's generation and writes the route again (at most
@@ -62,6 +67,7 @@ use tokio_util::task::TaskTracker;
 use wasmrelay_protocol::mesh_auth::{Key, record_mac, verify_record_mac};
 
 use super::membership::{ClusterView, MAC_HEADER};
+use super::route_map::{Change, NodeId, NodeTable, Route, RouteMap, place};
 use crate::gateway::{Gateway, RegistrationEvent};
 use crate::kafka::tail::TailEvent;
 use crate::kafka::{InputRecord, OutputRecord};
@@ -93,11 +99,6 @@ const REPUBLISH_TURN: usize = 64;
 /// process held here per this.
 pub const LOOKUP_REWRITE_EVERY: Duration = Duration::from_secs(5);
 
-/// The partition and offset of a route learned from a lookup rather than
-/// read from the topic: below any record's, so a record of the same
-/// generation replaces it.
-const LEARNED: (i32, i64) = (i32::MIN, i64::MIN);
-
 /// The value of a route record.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct RouteValue {
@@ -113,12 +114,6 @@ pub struct RouteValue {
 /// Orders the records of one key: the generation, then where the record
 /// sits in the routes topic.
 type Position = (u64, i32, i64);
-
-#[derive(Clone, Debug)]
-struct Route {
-    node: Arc<str>,
-    position: Position,
-}
 
 /// A registration of a process connected here.
 #[derive(Clone, Copy, Debug)]
@@ -194,11 +189,14 @@ pub struct RouteTable {
     key: Key,
     /// How long a node may stay not live before its routes are evicted.
     node_timeout: Duration,
-    routes: Mutex<HashMap<String, Route>>,
+    /// The routes by process id (a route learned from a lookup is at
+    /// `place(None)`: below any record, so a record of the same generation
+    /// replaces it).
+    routes: RouteMap,
     local: Mutex<LocalRoutes>,
     /// The node names routes use, interned, with since when each has not
-    /// been live (`None` while live); pruned with their last route.
-    nodes: Mutex<HashMap<Arc<str>, Option<Instant>>>,
+    /// been live; pruned with their last route.
+    nodes: NodeTable,
     live: arc_swap::ArcSwap<HashSet<String>>,
     republish: Republish,
     /// Times this node rejoined (from the cluster view) taken so far.
@@ -242,9 +240,9 @@ impl RouteTable {
             self_id: self_id.to_string(),
             key,
             node_timeout,
-            routes: Mutex::new(HashMap::new()),
+            routes: RouteMap::default(),
             local: Mutex::new(LocalRoutes::default()),
-            nodes: Mutex::new(HashMap::new()),
+            nodes: NodeTable::default(),
             live: arc_swap::ArcSwap::from_pointee(HashSet::new()),
             republish: Republish::default(),
             rejoins: AtomicU64::new(0),
@@ -260,8 +258,21 @@ impl RouteTable {
     /// The node holding `process_id`, if a live node does (this node's own
     /// routes are not returned: the gateway knows those).
     pub fn lookup(&self, process_id: &str) -> Option<String> {
-        let node = lock(&self.routes).get(process_id)?.node.clone();
+        let (_, node) = self.route_of(process_id)?;
         (*node != *self.self_id && self.live.load().contains(&*node)).then(|| node.to_string())
+    }
+
+    /// The route of `process_id`, and the name of its node.
+    fn route_of(&self, process_id: &str) -> Option<(Route, Arc<str>)> {
+        let route = self.routes.get(process_id)?;
+        Some((route, self.nodes.name(route.node)?))
+    }
+
+    /// Makes room for about `routes` routes (the records of the routes
+    /// topic when the node starts reading it).
+    pub fn reserve(&self, routes: u64) {
+        self.routes
+            .reserve(usize::try_from(routes).unwrap_or(usize::MAX));
     }
 
     /// Learns from a peer's answer to a lookup that `process_id` is
@@ -279,22 +290,19 @@ impl RouteTable {
             return false;
         }
         let node = self.intern(node);
-        let learned = {
-            let mut routes = lock(&self.routes);
-            let older = routes
-                .get(process_id)
-                .is_none_or(|r| r.position.0 < generation);
-            if older {
-                routes.insert(
-                    process_id.to_string(),
-                    Route {
-                        node,
-                        position: (generation, LEARNED.0, LEARNED.1),
-                    },
-                );
-            }
-            older
+        let learned = Route {
+            node,
+            generation,
+            at: place(None),
         };
+        let (old, learned) = self.routes.modify(process_id, |old| {
+            if old.is_none_or(|r| r.generation < generation) {
+                (Change::Put(learned), true)
+            } else {
+                (Change::Keep, false)
+            }
+        });
+        self.settle(node, learned, old);
         if learned {
             tracing::debug!(process = %process_id, generation, "learned a route from a mesh lookup");
             self.metrics
@@ -308,34 +316,27 @@ impl RouteTable {
     /// and names `node` (which just said the process is not connected
     /// there); a route read from the topic stays. True when forgotten.
     pub fn forget_learned(&self, process_id: &str, node: &str) -> bool {
-        let forgotten = {
-            let mut routes = lock(&self.routes);
-            let learned = routes
-                .get(process_id)
-                .is_some_and(|r| *r.node == *node && (r.position.1, r.position.2) == LEARNED);
-            if learned {
-                routes.remove(process_id);
-            }
-            learned
-        };
-        if forgotten {
+        let (_, forgotten) = self.routes.modify(process_id, |old| match old {
+            Some(r) if r.learned() && self.names(r.node, node) => (Change::Remove, Some(r.node)),
+            _ => (Change::Keep, None),
+        });
+        if let Some(node) = forgotten {
+            self.nodes.release([(node, 1)]);
             self.metrics
                 .routes
                 .set(i64::try_from(self.len()).unwrap_or(i64::MAX));
         }
-        forgotten
+        forgotten.is_some()
     }
 
     /// The node the table names for `process_id`, this one included.
     pub fn holder(&self, process_id: &str) -> Option<String> {
-        lock(&self.routes)
-            .get(process_id)
-            .map(|r| r.node.to_string())
+        self.route_of(process_id).map(|(_, node)| node.to_string())
     }
 
     /// Routes in the table.
     pub fn len(&self) -> usize {
-        lock(&self.routes).len()
+        self.routes.len()
     }
 
     /// True when the table has no route.
@@ -345,7 +346,7 @@ impl RouteTable {
 
     /// Node names the table holds (those its routes name).
     pub fn node_names(&self) -> usize {
-        lock(&self.nodes).len()
+        self.nodes.len()
     }
 
     /// Routes this node wrote again since start: as the holder's last word
@@ -411,14 +412,15 @@ impl RouteTable {
                     reject(&self.metrics, record, "bad_mac", bad_mac);
                     return;
                 }
-                {
-                    let mut routes = lock(&self.routes);
-                    // Only the route it ends: same node, same generation.
-                    if routes.get(process_id).is_some_and(|route| {
-                        *route.node == *writer && route.position.0 == generation
-                    }) {
-                        routes.remove(process_id);
+                // Only the route it ends: same node, same generation.
+                let (_, removed) = self.routes.modify(process_id, |old| match old {
+                    Some(r) if r.generation == generation && self.names(r.node, writer) => {
+                        (Change::Remove, Some(r.node))
                     }
+                    _ => (Change::Keep, None),
+                });
+                if let Some(node) = removed {
+                    self.nodes.release([(node, 1)]);
                 }
                 self.reassert_if_held(
                     process_id,
@@ -449,28 +451,26 @@ impl RouteTable {
                     }
                 };
                 let position = (route.generation, record.partition, record.offset);
-                let node = self.intern(&route.node);
-                let newer = {
-                    let mut routes = lock(&self.routes);
-                    let newer = routes.get(process_id).is_none_or(|r| r.position < position);
-                    if newer {
-                        routes.insert(
-                            process_id.to_string(),
-                            Route {
-                                node: node.clone(),
-                                position,
-                            },
-                        );
-                    }
-                    newer
+                let new = Route {
+                    node: self.intern(&route.node),
+                    generation: route.generation,
+                    at: place(Some((record.partition, record.offset))),
                 };
+                let (old, newer) = self.routes.modify(process_id, |old| {
+                    if old.is_none_or(|r| r.order() < new.order()) {
+                        (Change::Put(new), true)
+                    } else {
+                        (Change::Keep, false)
+                    }
+                });
+                self.settle(new.node, newer, old);
                 if !newer {
                     // A registration older than the route known (a record
                     // written again, or one that lost a race): not news.
                     tracing::debug!(process = %process_id, generation = route.generation, offset = record.offset, "ignoring a route older than the one known");
                 }
-                if newer && *node != *self.self_id {
-                    self.replace_if_older(process_id, &node, position);
+                if newer && route.node != self.self_id {
+                    self.replace_if_older(process_id, &route.node, position);
                 }
                 self.reassert_if_held(
                     process_id,
@@ -562,9 +562,9 @@ impl RouteTable {
     /// any more or a newer route elsewhere is replacing it.
     fn route_again(&self, process_id: &str) -> Option<(OutputRecord, (u64, u64))> {
         let local = lock(&self.local).by_process.get(process_id).copied()?;
-        let replaced = lock(&self.routes)
-            .get(process_id)
-            .is_some_and(|r| *r.node != *self.self_id && r.position.0 > local.generation);
+        let replaced = self
+            .route_of(process_id)
+            .is_some_and(|(r, node)| *node != *self.self_id && r.generation > local.generation);
         if replaced {
             return None;
         }
@@ -611,16 +611,7 @@ impl RouteTable {
             .filter(|n| n.live)
             .map(|n| n.heartbeat.node_id.clone())
             .collect();
-        {
-            let mut nodes = lock(&self.nodes);
-            for (name, down_since) in nodes.iter_mut() {
-                if live.contains(&**name) {
-                    *down_since = None;
-                } else if down_since.is_none() {
-                    *down_since = Some(now);
-                }
-            }
-        }
+        self.nodes.follow_live(&live, now);
         self.live.store(Arc::new(live));
         if view.rejoins > self.rejoins.swap(view.rejoins, Ordering::Relaxed) {
             tracing::info!(
@@ -635,32 +626,24 @@ impl RouteTable {
     /// timeout at `now` (never this node's), and forgets node names no
     /// route uses any more.
     pub fn evict_dead(&self, now: Instant) {
-        let dead: HashSet<Arc<str>> = lock(&self.nodes)
-            .iter()
-            .filter(|(name, down_since)| {
-                ***name != *self.self_id
-                    && down_since.is_some_and(|since| {
-                        now.saturating_duration_since(since) >= self.node_timeout
-                    })
-            })
-            .map(|(name, _)| name.clone())
-            .collect();
+        let dead = self.nodes.dead(&self.self_id, now, self.node_timeout);
         if !dead.is_empty() {
-            let mut routes = lock(&self.routes);
-            let before = routes.len();
-            routes.retain(|_, r| !dead.contains(&r.node));
-            let evicted = before - routes.len();
-            drop(routes);
+            let removed = self.routes.evict(|r| dead.contains_key(&r.node));
+            let evicted: u64 = removed.values().sum();
+            self.nodes.release(removed);
             if evicted > 0 {
-                tracing::info!(evicted, nodes = ?dead, "evicted the routes of nodes not live for the node timeout");
+                let nodes: Vec<&str> = dead.values().map(|name| &**name).collect();
+                tracing::info!(
+                    evicted,
+                    ?nodes,
+                    "evicted the routes of nodes not live for the node timeout"
+                );
                 self.metrics
                     .routes
                     .set(i64::try_from(self.len()).unwrap_or(i64::MAX));
             }
         }
-        drop(dead);
-        // A name only this map holds names no route.
-        lock(&self.nodes).retain(|name, _| Arc::strong_count(name) > 1);
+        self.nodes.prune();
     }
 
     /// Notes a local registration (connection `connection_id`) whose route
@@ -676,10 +659,11 @@ impl RouteTable {
                 _ => return,
             }
         }
-        let newer_elsewhere = lock(&self.routes)
-            .get(process_id)
-            .filter(|r| *r.node != *self.self_id && r.position > position)
-            .map(|r| r.node.to_string());
+        let at = (position.0, place(Some((position.1, position.2))));
+        let newer_elsewhere = self
+            .route_of(process_id)
+            .filter(|(r, node)| **node != *self.self_id && r.order() > at)
+            .map(|(_, node)| node.to_string());
         if let Some(node) = newer_elsewhere {
             self.gateway.replace_local(
                 process_id,
@@ -708,9 +692,10 @@ impl RouteTable {
     /// larger than the route known for the process, than any this node
     /// gave out, and than `now_ms`.
     fn next_generation(&self, process_id: &str, now_ms: i64, connection_id: u64) -> u64 {
-        let known = lock(&self.routes)
+        let known = self
+            .routes
             .get(process_id)
-            .map_or(0, |route| route.position.0);
+            .map_or(0, |route| route.generation);
         let mut local = lock(&self.local);
         let generation = u64::try_from(now_ms)
             .unwrap_or_default()
@@ -754,10 +739,10 @@ impl RouteTable {
             }
             local.generations.remove(&connection_id)
         }?;
-        let successor = lock(&self.routes)
-            .get(process_id)
-            .filter(|r| *r.node != *self.self_id && r.position.0 >= generation)
-            .map(|r| r.node.clone());
+        let successor = self
+            .route_of(process_id)
+            .filter(|(r, node)| **node != *self.self_id && r.generation >= generation)
+            .map(|(_, node)| node);
         if let Some(node) = successor {
             tracing::debug!(process = %process_id, %node, "no route tombstone: the process registered again on another node");
             return None;
@@ -780,21 +765,28 @@ impl RouteTable {
         })
     }
 
-    /// The interned name of `node`; a node not live starts its eviction
-    /// clock, and a route just written by one restarts it.
-    fn intern(&self, node: &str) -> Arc<str> {
-        let live = self.live.load().contains(node);
-        let mut nodes = lock(&self.nodes);
-        if let Some((name, down_since)) = nodes.get_key_value(node) {
-            let name = name.clone();
-            if down_since.is_some() && !live {
-                nodes.insert(name.clone(), Some(Instant::now()));
-            }
-            return name;
+    /// The id of `node` for a route about to be stored, counted as one of
+    /// its routes (see [`RouteTable::settle`]); a node not live starts its
+    /// eviction clock, and a route just written by one restarts it.
+    fn intern(&self, node: &str) -> NodeId {
+        self.nodes
+            .acquire(node, self.live.load().contains(node), Instant::now())
+    }
+
+    /// After storing (`stored`) or not a route of `node` over `old`: the
+    /// route not stored, or the one it replaced, no longer counts for its
+    /// node.
+    fn settle(&self, node: NodeId, stored: bool, old: Option<Route>) {
+        match (stored, old) {
+            (false, _) => self.nodes.release([(node, 1)]),
+            (true, Some(old)) => self.nodes.release([(old.node, 1)]),
+            (true, None) => {}
         }
-        let name: Arc<str> = Arc::from(node);
-        nodes.insert(name.clone(), (!live).then(Instant::now));
-        name
+    }
+
+    /// True when node `id` is `name`.
+    fn names(&self, id: NodeId, name: &str) -> bool {
+        self.nodes.name(id).is_some_and(|n| *n == *name)
     }
 }
 
@@ -847,15 +839,16 @@ impl super::mesh::LookupAnswerer for RouteTable {
 pub const DROP_ROUTE_ONCE_ENV: &str = "WASMRELAY_TEST_DROP_ROUTE_RECORD";
 
 /// Reads the routes topic into `table` until `shutdown`: from the beginning
-/// (reporting the catch-up), then following it; follows membership, and
-/// evicts the routes of nodes not live for the node timeout.
+/// (reporting the catch-up, timed from `started`: when the reader started),
+/// then following it; follows membership, and evicts the routes of nodes
+/// not live for the node timeout.
 pub async fn follow_routes(
     table: Arc<RouteTable>,
     mut records: mpsc::Receiver<TailEvent>,
     mut view: watch::Receiver<ClusterView>,
+    started: Instant,
     shutdown: CancellationToken,
 ) {
-    let started = Instant::now();
     let mut read = 0u64;
     let mut drop_once = std::env::var(DROP_ROUTE_ONCE_ENV).ok();
     let mut sweep = tokio::time::interval((table.node_timeout / 4).max(Duration::from_millis(100)));
@@ -889,6 +882,7 @@ pub async fn follow_routes(
                         seconds: started.elapsed().as_secs_f64(),
                     };
                     tracing::info!(records = catch_up.records, routes = catch_up.routes, seconds = catch_up.seconds, "route table caught up");
+                    table.routes.shrink();
                     table.caught_up.send_replace(Some(catch_up));
                 }
             }
@@ -1622,5 +1616,79 @@ mod tests {
         table.asked_for("p");
         assert_eq!(table.take_republish(10).0, vec!["p".to_string()]);
         assert_eq!(lock(&table.rewritten_for_lookups).1.len(), 1, "bounded");
+    }
+
+    #[test]
+    fn a_route_moving_between_nodes_counts_for_its_new_node_and_the_old_name_goes() {
+        let table = table();
+        table.follow_view(&view(&[("a", true), ("b", true), ("c", true)]));
+        table.apply(&route("p", "b", 1));
+        table.apply(&route("q", "b", 2));
+        // p moves to c.
+        table.apply(&route("p", "c", 3));
+        assert_eq!(table.lookup("p").as_deref(), Some("c"));
+        table.evict_dead(Instant::now());
+        assert_eq!(table.node_names(), 2, "b still holds q");
+        // q moves too: b names no route and is forgotten.
+        table.apply(&route("q", "c", 4));
+        table.evict_dead(Instant::now());
+        assert_eq!(table.node_names(), 1);
+        // A replayed older route of b's changes nothing and keeps no name.
+        table.apply(&route("p", "b", 2));
+        table.evict_dead(Instant::now());
+        assert_eq!(table.node_names(), 1);
+        assert_eq!(table.lookup("p").as_deref(), Some("c"));
+        // b comes back with a newer route: a name of its own again.
+        table.apply(&route("p", "b", 5));
+        assert_eq!(table.lookup("p").as_deref(), Some("b"));
+        assert_eq!(table.holder("q").as_deref(), Some("c"));
+        // c's goodbye for q, and a route learned and forgotten, leave b
+        // alone.
+        table.apply(&tombstone("q", "c", 4, 6));
+        assert!(table.learn("r", "d", 9));
+        assert_eq!(table.node_names(), 3);
+        assert!(table.forget_learned("r", "d"));
+        table.evict_dead(Instant::now());
+        assert_eq!(table.node_names(), 1);
+        assert_eq!(table.len(), 1);
+        assert_eq!(table.holder("p").as_deref(), Some("b"));
+    }
+
+    #[test]
+    fn lookups_on_many_threads_see_routes_applied_meanwhile() {
+        let table = table();
+        table.follow_view(&view(&[("a", true), ("b", true), ("c", true)]));
+        let processes: Vec<String> = (0..2000).map(|i| format!("proc-{i:07}")).collect();
+        for (i, process) in processes.iter().enumerate() {
+            table.apply(&route(process, "b", i as i64));
+        }
+        std::thread::scope(|threads| {
+            for _ in 0..4 {
+                threads.spawn(|| {
+                    for _ in 0..10 {
+                        for process in &processes {
+                            let node = table.lookup(process);
+                            assert!(
+                                matches!(node.as_deref(), Some("b" | "c")),
+                                "{process}: {node:?}"
+                            );
+                        }
+                    }
+                });
+            }
+            threads.spawn(|| {
+                for (i, process) in processes.iter().enumerate() {
+                    table.apply(&route(process, "c", 2000 + i as i64));
+                }
+            });
+        });
+        assert!(
+            processes
+                .iter()
+                .all(|p| table.lookup(p).as_deref() == Some("c"))
+        );
+        assert_eq!(table.len(), 2000);
+        table.evict_dead(Instant::now());
+        assert_eq!(table.node_names(), 1, "b named no route any more");
     }
 }

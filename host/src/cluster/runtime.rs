@@ -213,6 +213,9 @@ impl ClusterRuntime {
         )
         .context("reading the heartbeat topic")?;
         let (routes_tx, routes_rx) = mpsc::channel::<TailEvent>(TAIL_BUFFER);
+        // The catch-up is timed from here: the reader fetches while the
+        // node checks for a twin, before the table's task starts.
+        let routes_started = std::time::Instant::now();
         let routes_tail = match TopicTail::start(
             &info,
             &config.routes_topic,
@@ -228,6 +231,8 @@ impl ClusterRuntime {
                 return Err(error.context("reading the routes topic"));
             }
         };
+        // Room for the routes about to be read, made once.
+        routes.reserve(routes_tail.records_at_start().unwrap_or_default());
 
         let mut membership = MembershipOptions {
             identity: Heartbeat {
@@ -303,6 +308,7 @@ impl ClusterRuntime {
             routes.clone(),
             routes_rx,
             view.clone(),
+            routes_started,
             stop.clone(),
         ));
         tasks.spawn(publish_routes(

@@ -45,6 +45,7 @@ pub enum TailEvent {
 pub struct TopicTail {
     stop: Arc<AtomicBool>,
     thread: Option<JoinHandle<()>>,
+    records_at_start: Option<u64>,
 }
 
 /// Logs client errors, except reaching the end of a partition (the tail
@@ -119,6 +120,17 @@ impl TopicTail {
                 .add_partition_offset(topic, *partition, offset)
                 .with_context(|| format!("assigning `{topic}` [{partition}]"))?;
         }
+        // What a reader from the beginning has ahead of it (best effort).
+        let records_at_start = (start == TailStart::Beginning)
+            .then(|| {
+                partitions.iter().try_fold(0u64, |sum, partition| {
+                    let (low, high) = consumer
+                        .fetch_watermarks(topic, *partition, Duration::from_secs(5))
+                        .ok()?;
+                    Some(sum + u64::try_from(high - low).unwrap_or_default())
+                })
+            })
+            .flatten();
         consumer
             .assign(&assignment)
             .with_context(|| format!("assigning the partitions of `{topic}`"))?;
@@ -132,7 +144,15 @@ impl TopicTail {
         Ok(TopicTail {
             stop,
             thread: Some(thread),
+            records_at_start,
         })
+    }
+
+    /// The records in the topic when a tail from the beginning started
+    /// (the sum over its partitions of high minus low watermark); `None`
+    /// for a tail from the end, or when the watermarks could not be read.
+    pub fn records_at_start(&self) -> Option<u64> {
+        self.records_at_start
     }
 
     /// Stops reading and waits for the thread.
