@@ -112,17 +112,27 @@ def idle(rows):
 
 
 def catchup(rows):
+    nodes = [r for r in rows if r.get("kind", "node") == "node"]
+    plain = [r for r in rows if r.get("kind") == "plain"]
+    empty = next((r for r in nodes if r["variant"] == "empty"), None)
     print()
-    print("| routes topic | records | routes | catch-up (node's log), s | ready after start, s | RSS after, MiB | delta vs empty, MiB | per route, B |")
-    print("|---|---:|---:|---:|---:|---:|---:|---:|")
-    empty = next((r for r in rows if r["variant"] == "empty"), None)
-    for r in rows:
+    print("| routes topic | records | routes | catch-up (node's log), s | plain reader, s | node / plain | ready after start, s | RSS after, MiB | delta vs empty, MiB | per route, B | peak RSS, MiB |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for r in nodes:
         delta = (r["rss_kib"] - empty["rss_kib"]) if empty else 0
         per = f"{delta * 1024 / r['routes']:.0f}" if r["routes"] else "-"
+        reads = [p["seconds"] for p in plain if p["count"] == r.get("count")]
+        mean = sum(reads) / len(reads) if reads else None
+        plain_s = " / ".join(f"{s:.2f}" for s in reads) if reads else "-"
+        ratio = f"{r['seconds'] / mean:.2f}x" if mean else "-"
         print(
-            f"| {r['label']} | {r['records']:,} | {r['routes']:,} | {r['seconds']:.2f} | {r['ready_s']:.2f} | "
-            f"{r['rss_kib'] / 1024:.1f} | {delta / 1024:+.1f} | {per} |"
+            f"| {r['label']} | {r['records']:,} | {r['routes']:,} | {r['seconds']:.2f} | {plain_s} | {ratio} | {r['ready_s']:.2f} | "
+            f"{r['rss_kib'] / 1024:.1f} | {delta / 1024:+.1f} | {per} | {r['hwm_kib'] / 1024:.1f} |"
         )
+    print()
+    print("plain reader: read-all before / after the node; node / plain uses their mean.")
+    for r in nodes:
+        print(f"{r['label']}: /cluster says routes={r['cluster_routes']}, route_table_caught_up={r['cluster_caught_up']}")
 
 
 if __name__ == "__main__":

@@ -866,14 +866,13 @@ pub async fn follow_routes(
                 None => return,
                 Some(TailEvent::Record(record)) => {
                     read += 1;
-                    if record.value.is_some()
-                        && drop_once.as_deref().is_some_and(|p| record.key.as_deref() == Some(p.as_bytes()))
-                    {
-                        drop_once = None;
-                        tracing::warn!(process = ?String::from_utf8_lossy(record.key.as_deref().unwrap_or_default()), offset = record.offset, "dropping a route record ({DROP_ROUTE_ONCE_ENV})");
-                        continue;
+                    apply_read(&table, &record, &mut drop_once);
+                }
+                Some(TailEvent::Records(records)) => {
+                    read += records.len() as u64;
+                    for record in &records {
+                        apply_read(&table, record, &mut drop_once);
                     }
-                    table.apply(&record);
                 }
                 Some(TailEvent::CaughtUp) => {
                     let catch_up = CatchUp {
@@ -888,6 +887,21 @@ pub async fn follow_routes(
             }
         }
     }
+}
+
+/// Applies a record read from the routes topic, unless it is the one
+/// [`DROP_ROUTE_ONCE_ENV`] names (then forgets the name).
+fn apply_read(table: &RouteTable, record: &InputRecord, drop_once: &mut Option<String>) {
+    if record.value.is_some()
+        && drop_once
+            .as_deref()
+            .is_some_and(|p| record.key.as_deref() == Some(p.as_bytes()))
+    {
+        *drop_once = None;
+        tracing::warn!(process = ?String::from_utf8_lossy(record.key.as_deref().unwrap_or_default()), offset = record.offset, "dropping a route record ({DROP_ROUTE_ONCE_ENV})");
+        return;
+    }
+    table.apply(record);
 }
 
 /// Anti-entropy until `shutdown`: every `interval`, and at once when this

@@ -32,6 +32,8 @@ const ROUTES_PARTITIONS: i32 = 6;
 const TOPIC_TIMEOUT: Duration = Duration::from_secs(30);
 /// Records buffered between a topic reader thread and its task.
 const TAIL_BUFFER: usize = 4096;
+/// Route records per channel item at most (see [`TopicTail::start`]).
+const ROUTES_BATCH: usize = 512;
 
 /// The listeners of a cluster node, bound before anything starts (port 0
 /// is resolved when they are bound).
@@ -209,10 +211,12 @@ impl ClusterRuntime {
             &config.heartbeat_topic,
             TailStart::End,
             &format!("{node_id}-heartbeats"),
+            1,
             heartbeats_tx,
         )
         .context("reading the heartbeat topic")?;
-        let (routes_tx, routes_rx) = mpsc::channel::<TailEvent>(TAIL_BUFFER);
+        // As many records buffered as the heartbeats', in batches.
+        let (routes_tx, routes_rx) = mpsc::channel::<TailEvent>(TAIL_BUFFER / ROUTES_BATCH);
         // The catch-up is timed from here: the reader fetches while the
         // node checks for a twin, before the table's task starts.
         let routes_started = std::time::Instant::now();
@@ -221,6 +225,7 @@ impl ClusterRuntime {
             &config.routes_topic,
             TailStart::Beginning,
             &format!("{node_id}-routes"),
+            ROUTES_BATCH,
             routes_tx,
         ) {
             Ok(tail) => tail,

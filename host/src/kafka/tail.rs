@@ -4,7 +4,11 @@
 //!
 //! A dedicated thread polls a `BaseConsumer` with partitions assigned, not
 //! subscribed, so nodes never rebalance each other; records go to a tokio
-//! channel (back-pressure: the thread waits when the channel is full). Once
+//! channel (back-pressure: the thread waits when the channel is full), one
+//! at a time or, for a tail started with a batch above 1, as many as the
+//! consumer has ready up to the batch ([`TailEvent::Records`]): a channel
+//! item per record costs a wake-up of the reader or the writer per record,
+//! which is most of the time of reading a large topic. Once
 //! every partition has reached its end for the first time, [`TailEvent::CaughtUp`]
 //! is sent: the reader has seen everything written before it started.
 
@@ -36,6 +40,9 @@ pub enum TailStart {
 pub enum TailEvent {
     /// A record, in partition order.
     Record(InputRecord),
+    /// Records in partition order, read together (only from a tail
+    /// started with a batch above 1).
+    Records(Vec<InputRecord>),
     /// Every partition has been read to its end once.
     CaughtUp,
 }
@@ -76,12 +83,15 @@ const POLL: Duration = Duration::from_millis(100);
 
 impl TopicTail {
     /// Starts reading every partition of `topic` from `start`, sending to
-    /// `events`. Fails when the topic's metadata cannot be read.
+    /// `events` up to `batch` records an event (1: each as a
+    /// [`TailEvent::Record`]). Fails when the topic's metadata cannot be
+    /// read.
     pub fn start(
         info: &LinkInfo,
         topic: &str,
         start: TailStart,
         reader_name: &str,
+        batch: usize,
         events: mpsc::Sender<TailEvent>,
     ) -> anyhow::Result<TopicTail> {
         let mut config = info.admin_config();
@@ -139,7 +149,16 @@ impl TopicTail {
         let topic_name = topic.to_string();
         let thread = std::thread::Builder::new()
             .name(format!("tail-{topic}"))
-            .spawn(move || poll_loop(&consumer, &topic_name, partitions, &events, &thread_stop))
+            .spawn(move || {
+                poll_loop(
+                    &consumer,
+                    &topic_name,
+                    partitions,
+                    batch.max(1),
+                    &events,
+                    &thread_stop,
+                );
+            })
             .context("starting the reader thread")?;
         Ok(TopicTail {
             stop,
@@ -174,26 +193,63 @@ impl Drop for TopicTail {
     }
 }
 
+/// Sends the records read and not sent yet; false when the receiver is
+/// gone.
+fn flush(events: &mpsc::Sender<TailEvent>, pending: &mut Vec<InputRecord>) -> bool {
+    let event = match pending.len() {
+        0 => return true,
+        1 => match pending.pop() {
+            Some(record) => TailEvent::Record(record),
+            None => return true,
+        },
+        _ => TailEvent::Records(std::mem::take(pending)),
+    };
+    events.blocking_send(event).is_ok()
+}
+
 fn poll_loop(
     consumer: &TailConsumer,
     topic: &str,
     partitions: Vec<i32>,
+    batch: usize,
     events: &mpsc::Sender<TailEvent>,
     stop: &AtomicBool,
 ) {
     let mut not_at_end: HashSet<i32> = partitions.into_iter().collect();
     let mut caught_up = false;
     let mut last_error: Option<String> = None;
+    let mut pending: Vec<InputRecord> = Vec::new();
     while !stop.load(Ordering::SeqCst) {
-        let event = match consumer.poll(POLL) {
-            None => continue,
-            Some(Ok(message)) => TailEvent::Record(InputRecord::from_borrowed(&message)),
+        // Records waiting to be sent go as soon as none more is ready.
+        let wait = if pending.is_empty() {
+            POLL
+        } else {
+            Duration::ZERO
+        };
+        let event = match consumer.poll(wait) {
+            None => {
+                if !flush(events, &mut pending) {
+                    return;
+                }
+                continue;
+            }
+            Some(Ok(message)) => {
+                last_error = None;
+                pending.push(InputRecord::from_borrowed(&message));
+                if pending.len() >= batch && !flush(events, &mut pending) {
+                    return;
+                }
+                continue;
+            }
             Some(Err(KafkaError::PartitionEOF(partition))) => {
                 not_at_end.remove(&partition);
                 if caught_up || !not_at_end.is_empty() {
                     continue;
                 }
                 caught_up = true;
+                if !flush(events, &mut pending) {
+                    return;
+                }
                 TailEvent::CaughtUp
             }
             Some(Err(error)) => {

@@ -233,6 +233,10 @@ pub(crate) struct FillRoutes {
     /// The node the routes name.
     #[arg(long, default_value = "node-x")]
     node: String,
+    /// The cluster secret the nodes reading the routes use (the records
+    /// carry its MAC, as a node's do; the default is bench/cluster/lib.sh's).
+    #[arg(long, default_value = "cluster-bench-secret-0123456789abcdef")]
+    secret: String,
 }
 
 pub(crate) async fn fill_routes(args: FillRoutes) -> Result<(), String> {
@@ -244,18 +248,29 @@ pub(crate) async fn fill_routes(args: FillRoutes) -> Result<(), String> {
             ("batch.size", "1000000"),
         ],
     )?;
-    // The exact record a node writes (host/src/cluster/routes.rs, RouteValue).
-    let value = serde_json::to_vec(&json!({"node": args.node, "registered_at_ms": 0}))
-        .map_err(|e| e.to_string())?;
+    use wasmrelay_protocol::mesh_auth::{Purpose, purpose_key, record_mac};
+    // The exact record a node writes (host/src/cluster/routes.rs,
+    // RouteValue and route_mac).
+    let value = format!(
+        r#"{{"node":{},"registered_at_ms":0,"generation":1}}"#,
+        serde_json::Value::from(args.node.as_str())
+    )
+    .into_bytes();
+    let key_of_routes = purpose_key(args.secret.as_bytes(), Purpose::RouteRecord);
     let started = Instant::now();
     let mut acks: Acks = FuturesUnordered::new();
     let mut failed = 0u64;
     for n in 0..args.count {
         let key = format!("{}{n:07}", args.prefix);
+        let mac = record_mac(&key_of_routes, "route", &[key.as_bytes(), &value]);
         loop {
             let record: FutureRecord<'_, [u8], [u8]> = FutureRecord::to(&args.topic)
                 .key(key.as_bytes())
-                .payload(&value);
+                .payload(&value[..])
+                .headers(OwnedHeaders::new().insert(Header {
+                    key: "wasmrelay-mac",
+                    value: Some(&mac[..]),
+                }));
             match producer.send_result(record) {
                 Ok(ack) => {
                     acks.push(ack);
@@ -359,6 +374,86 @@ pub(crate) async fn tail_count(args: TailCount) -> Result<(), String> {
             "skipped": skipped,
             "backwards": backwards,
             "gaps": gaps.iter().take(20).map(|(p, from, to)| json!({"partition": p, "from": from, "to": to})).collect::<Vec<_>>(),
+        }));
+        Ok(())
+    })
+    .await
+    .map_err(|e| e.to_string())?
+}
+
+#[derive(Debug, clap::Args)]
+pub(crate) struct ReadAll {
+    #[arg(long)]
+    bootstrap: String,
+    #[arg(long)]
+    topic: String,
+    /// `fetch.wait.max.ms` of the reader (the bench nodes' link setting).
+    #[arg(long, default_value = "10")]
+    fetch_wait_ms: String,
+}
+
+/// The baseline of the route table catch-up: a plain rdkafka reader with a
+/// node's route-reader settings (partitions assigned from the beginning,
+/// no group, `enable.partition.eof`, a `BaseConsumer` polled on one
+/// thread) that reads every partition to its end and only counts what it
+/// reads; timed from creating the consumer, as a node times its catch-up
+/// from starting its reader.
+pub(crate) async fn read_all(args: ReadAll) -> Result<(), String> {
+    use rdkafka::Message as _;
+    use rdkafka::consumer::{BaseConsumer, Consumer as _};
+    tokio::task::spawn_blocking(move || {
+        let started = Instant::now();
+        let consumer: BaseConsumer = ClientConfig::new()
+            .set("bootstrap.servers", &args.bootstrap)
+            .set("fetch.wait.max.ms", &args.fetch_wait_ms)
+            .set("group.id", "bench-read-all")
+            .set("enable.auto.commit", "false")
+            .set("enable.auto.offset.store", "false")
+            .set("enable.partition.eof", "true")
+            .create()
+            .map_err(|e| format!("consumer: {e}"))?;
+        let metadata = consumer
+            .fetch_metadata(Some(&args.topic), Duration::from_secs(10))
+            .map_err(|e| format!("metadata: {e}"))?;
+        let partitions: Vec<i32> = metadata
+            .topics()
+            .iter()
+            .filter(|t| t.name() == args.topic)
+            .flat_map(|t| t.partitions().iter().map(|p| p.id()))
+            .collect();
+        let mut assignment = rdkafka::TopicPartitionList::new();
+        for p in &partitions {
+            assignment
+                .add_partition_offset(&args.topic, *p, rdkafka::Offset::Beginning)
+                .map_err(|e| e.to_string())?;
+        }
+        consumer.assign(&assignment).map_err(|e| e.to_string())?;
+        let mut not_at_end: std::collections::HashSet<i32> = partitions.into_iter().collect();
+        let (mut records, mut bytes) = (0u64, 0u64);
+        while !not_at_end.is_empty() {
+            if started.elapsed() > Duration::from_secs(900) {
+                return Err("not at the end after 900 s".to_string());
+            }
+            match consumer.poll(Duration::from_millis(100)) {
+                Some(Ok(message)) => {
+                    records += 1;
+                    bytes += (message.key().map_or(0, <[u8]>::len)
+                        + message.payload().map_or(0, <[u8]>::len))
+                        as u64;
+                }
+                Some(Err(KafkaError::PartitionEOF(partition))) => {
+                    not_at_end.remove(&partition);
+                }
+                Some(Err(error)) => eprintln!("read-all: {error}"),
+                None => {}
+            }
+        }
+        let seconds = started.elapsed().as_secs_f64();
+        emit(json!({
+            "records": records,
+            "bytes": bytes,
+            "seconds": seconds,
+            "records_per_s": records as f64 / seconds,
         }));
         Ok(())
     })

@@ -44,6 +44,9 @@ enum Command {
     /// Reads every partition of a topic from the beginning (no group) and
     /// reports records and offset gaps (skipped records).
     TailCount(kafka::TailCount),
+    /// Reads every partition of a topic to its end with a node's reader
+    /// settings and reports how long it took (the catch-up baseline).
+    ReadAll(kafka::ReadAll),
     /// Connects business processes (SDK) and measures what they receive.
     Receive(relay::Receive),
     /// Holds many idle SDK connections (registered processes that ping).
@@ -72,6 +75,7 @@ fn main() -> std::process::ExitCode {
             Command::Produce(args) => kafka::produce(args).await,
             Command::FillRoutes(args) => kafka::fill_routes(args).await,
             Command::TailCount(args) => kafka::tail_count(args).await,
+            Command::ReadAll(args) => kafka::read_all(args).await,
             Command::Receive(args) => relay::receive(args).await,
             Command::Idle(args) => relay::idle(args).await,
             Command::Hold(args) => hold::hold(args).await,
