@@ -12,6 +12,7 @@ mod cluster;
 mod cluster_records;
 mod demo;
 mod harness;
+mod key_ordering;
 mod link_switch;
 mod listener_tls;
 mod live_gate;

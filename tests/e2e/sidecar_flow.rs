@@ -11,12 +11,12 @@ use support::tansu::{ConsumedRecord, Tansu, TestRecord};
 
 use wasmrelay_test_support as support;
 
-const INPUT: &str = "service-calls";
-const OUTPUT: &str = "data-returns";
+pub(crate) const INPUT: &str = "service-calls";
+pub(crate) const OUTPUT: &str = "data-returns";
 const DLQ: &str = "service-calls.dlq";
 
 /// A relay config with one flow `orders`; `extra_flows` are appended as is.
-fn config(kafka: &Tansu, app_url: &str, service_call: &str, extra: &str) -> String {
+pub(crate) fn config(kafka: &Tansu, app_url: &str, service_call: &str, extra: &str) -> String {
     let plugins = support::plugins_dist().display().to_string();
     format!(
         r#"
@@ -67,7 +67,7 @@ fn value_json(bytes: &[u8]) -> Value {
         .unwrap_or_else(|e| panic!("not JSON: {e}: {}", String::from_utf8_lossy(bytes)))
 }
 
-fn header_str(record: &ConsumedRecord, name: &str) -> String {
+pub(crate) fn header_str(record: &ConsumedRecord, name: &str) -> String {
     String::from_utf8(
         record
             .header(name)

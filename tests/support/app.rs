@@ -2,7 +2,9 @@
 //! that records every request it receives and answers as the test decides.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use axum::Router;
 use axum::body::Bytes;
@@ -36,6 +38,11 @@ struct AppState {
     receipts: Mutex<Vec<Receipt>>,
     attempts: Mutex<HashMap<String, usize>>,
     behaviour: Box<Behaviour>,
+    /// How long each answer takes (after `behaviour` has decided it).
+    latency: Duration,
+    /// Requests being answered now, and the most at once.
+    in_progress: AtomicUsize,
+    most_in_progress: AtomicUsize,
 }
 
 /// A running test application.
@@ -49,6 +56,16 @@ pub struct TestApp {
 impl TestApp {
     /// Starts the application on a free port; `behaviour` decides each answer.
     pub async fn start(behaviour: impl Fn(&Receipt) -> Answer + Send + Sync + 'static) -> TestApp {
+        Self::start_with_latency(Duration::ZERO, behaviour).await
+    }
+
+    /// [`TestApp::start`] for an application that takes `latency` to answer
+    /// each request (`behaviour` decides the answer when the request
+    /// arrives).
+    pub async fn start_with_latency(
+        latency: Duration,
+        behaviour: impl Fn(&Receipt) -> Answer + Send + Sync + 'static,
+    ) -> TestApp {
         let listener = TcpListener::bind("127.0.0.1:0")
             .await
             .expect("binding the test app");
@@ -57,6 +74,9 @@ impl TestApp {
             receipts: Mutex::new(Vec::new()),
             attempts: Mutex::new(HashMap::new()),
             behaviour: Box::new(behaviour),
+            latency,
+            in_progress: AtomicUsize::new(0),
+            most_in_progress: AtomicUsize::new(0),
         });
         let router = Router::new()
             .route("/calls", axum::routing::post(handle))
@@ -98,6 +118,11 @@ impl TestApp {
     /// How many requests were received.
     pub fn count(&self) -> usize {
         self.state.receipts.lock().unwrap().len()
+    }
+
+    /// The most requests the application was answering at once.
+    pub fn most_in_progress(&self) -> usize {
+        self.state.most_in_progress.load(Ordering::Relaxed)
     }
 }
 
@@ -143,8 +168,12 @@ async fn handle(State(state): State<Arc<AppState>>, headers: HeaderMap, body: By
         headers: header_map,
         attempt,
     };
+    let _in_progress = InProgress::enter(&state);
     let (status, body, extra) = (state.behaviour)(&receipt);
     state.receipts.lock().unwrap().push(receipt);
+    if !state.latency.is_zero() {
+        tokio::time::sleep(state.latency).await;
+    }
     let mut response = (StatusCode::from_u16(status).unwrap(), body).into_response();
     for (name, value) in extra {
         response.headers_mut().insert(
@@ -153,4 +182,22 @@ async fn handle(State(state): State<Arc<AppState>>, headers: HeaderMap, body: By
         );
     }
     response
+}
+
+/// Counts a request as being answered until dropped (also when the server
+/// drops the handler because the client went away).
+struct InProgress<'a>(&'a AppState);
+
+impl<'a> InProgress<'a> {
+    fn enter(state: &'a AppState) -> Self {
+        let now = state.in_progress.fetch_add(1, Ordering::Relaxed) + 1;
+        state.most_in_progress.fetch_max(now, Ordering::Relaxed);
+        InProgress(state)
+    }
+}
+
+impl Drop for InProgress<'_> {
+    fn drop(&mut self) {
+        self.0.in_progress.fetch_sub(1, Ordering::Relaxed);
+    }
 }

@@ -487,6 +487,26 @@ dead_letter_topic = "dlq"
     }
 
     #[test]
+    fn ordering_defaults_to_key_and_names_a_bad_value() {
+        let dir = plugins_dir(&["json-enrich"]);
+        let config = parse(&config_text(dir.path(), ""), "relay.toml", &no_env).unwrap();
+        assert_eq!(config.flows[0].ordering, crate::kafka::DeliveryOrder::Key);
+        assert_eq!(config.flows[0].max_in_flight, 64);
+        let text = config_text(dir.path(), "ordering = \"partition\"\nmax_in_flight = 256");
+        let config = parse(&text, "relay.toml", &no_env).unwrap();
+        assert_eq!(
+            config.flows[0].ordering,
+            crate::kafka::DeliveryOrder::Partition
+        );
+        assert_eq!(config.flows[0].max_in_flight, 256);
+        let msg = parse_err(&config_text(dir.path(), "ordering = \"offset\"")).to_string();
+        assert!(
+            msg.contains("flows[0].ordering: unknown variant `offset`, expected one of `partition`, `key`, `none`"),
+            "{msg}"
+        );
+    }
+
+    #[test]
     fn syntax_error_has_the_line() {
         let msg = parse_err("[plugins]\ndir = \"x\"\"\n").to_string();
         assert!(

@@ -11,6 +11,7 @@ use serde::{Deserialize, Serialize};
 
 use super::secret::Secret;
 use crate::gateway::GatewayOptions;
+use crate::kafka::DeliveryOrder;
 use crate::plugin::PluginLimits;
 
 /// The whole config file.
@@ -362,6 +363,19 @@ pub struct FlowConfig {
     /// Retry policy for failed deliveries and plugin errors.
     #[serde(default)]
     pub retry: RetryConfig,
+    /// Which records of a partition wait for each other: `"key"` (the
+    /// default: the same key strictly in order, different keys together),
+    /// `"partition"` (one at a time) or `"none"`.
+    #[serde(default)]
+    pub ordering: DeliveryOrder,
+    /// Most records of this flow handled at once (chains and delivery;
+    /// waiting for Kafka's acknowledgements is not counted).
+    #[serde(default = "default_max_in_flight")]
+    pub max_in_flight: usize,
+}
+
+fn default_max_in_flight() -> usize {
+    crate::kafka::consumer::DEFAULT_MAX_IN_FLIGHT
 }
 
 /// Delivery target of a flow.

@@ -779,7 +779,20 @@ fn check_flow(
         None => {}
     }
     check_retry(&format!("{key}.retry"), &flow.retry, problems);
+    if !(1..=MAX_IN_FLIGHT_LIMIT).contains(&flow.max_in_flight) {
+        problems.push(
+            format!("{key}.max_in_flight"),
+            format!(
+                "is {}: must be between 1 and {MAX_IN_FLIGHT_LIMIT}",
+                flow.max_in_flight
+            ),
+        );
+    }
 }
+
+/// The most `flows.max_in_flight` may be: each record in flight holds its
+/// message and a task.
+const MAX_IN_FLIGHT_LIMIT: usize = 100_000;
 
 fn check_app(key: &str, app: &AppTarget, problems: &mut Problems) {
     // The URL itself is not repeated in messages: it may carry credentials.
@@ -1552,6 +1565,20 @@ client_token_keys = [{ alg = "HS256", secret = "0123456789abcdef0123456789abcdef
             problems(|c| app(c).concurrency = 0),
             "flows[0].deliver.app.concurrency",
             "at least 1",
+        );
+    }
+
+    #[test]
+    fn max_in_flight_must_be_in_range() {
+        assert_one(
+            problems(|c| c.flows[0].max_in_flight = 0),
+            "flows[0].max_in_flight",
+            "is 0: must be between 1 and 100000",
+        );
+        assert_one(
+            problems(|c| c.flows[0].max_in_flight = 1_000_000),
+            "flows[0].max_in_flight",
+            "must be between 1 and 100000",
         );
     }
 

@@ -1,14 +1,15 @@
 //! The consumer of one flow: a dedicated thread polls librdkafka and hands
-//! each partition's records, in order, to that partition's worker task;
-//! offsets are stored only for finished work (highest contiguous finished
-//! offset, see [`super::offsets`]) and librdkafka auto-commits what is
-//! stored.
+//! each partition's records, in offset order, to that partition's lane
+//! ([`super::lane`], which starts them as the flow's [`DeliveryOrder`]
+//! allows); offsets are stored only for finished work (highest contiguous
+//! finished offset, see [`super::offsets`]) and librdkafka auto-commits
+//! what is stored.
 //!
-//! Owns: the poll loop, per-partition lanes (ordered workers with a bounded
-//! number of unacknowledged completions), pausing a partition whose lane is
-//! backed up, draining and committing revoked partitions inside the
-//! rebalance callback, and the drain-and-commit at shutdown. What a record
-//! means is the [`MessageHandler`]'s business.
+//! Owns: the poll loop, the lanes' bounds (records queued, records whose
+//! completion is pending, the flow's `max_in_flight`), pausing a partition
+//! whose lane is backed up, draining and committing revoked partitions
+//! inside the rebalance callback, and the drain-and-commit at shutdown.
+//! What a record means is the [`MessageHandler`]'s business.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -24,6 +25,7 @@ use tokio::sync::{Semaphore, mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
+use super::lane::{DeliveryOrder, LaneContext};
 use super::link::LinkInfo;
 use super::offsets::PartitionOffsets;
 use super::record::InputRecord;
@@ -45,10 +47,12 @@ pub type Completion = BoxFuture<'static, Outcome>;
 
 /// What a flow does with each consumed record.
 pub trait MessageHandler: Send + Sync + 'static {
-    /// Handles one record. Called in partition order, one record at a time
-    /// per partition: the returned future does what must happen in order
-    /// (e.g. delivery to the application) and resolves to a [`Completion`]
-    /// that may run while the next record is handled. When `abort` is
+    /// Handles one record. Called in offset order per partition; the
+    /// returned future does what must happen in order (e.g. delivery to the
+    /// application) and resolves to a [`Completion`] that may run while the
+    /// next records are handled. Whether the next record of the partition
+    /// waits for the ordered part is the flow's [`DeliveryOrder`]: with
+    /// `key`, only a record with the same key does. When `abort` is
     /// cancelled, give up and return [`Outcome::Abandoned`] as soon as possible.
     fn handle(
         &self,
@@ -71,12 +75,19 @@ pub struct ConsumerOptions {
     pub max_queued_per_partition: usize,
     /// Records of one partition whose completion is still pending.
     pub max_pending_per_partition: usize,
+    /// Which records of a partition wait for each other.
+    pub order: DeliveryOrder,
+    /// Records of the whole flow whose ordered part runs at once.
+    pub max_in_flight: usize,
     /// When set, records are fetched only while it holds `true`: while it
     /// is `false` every assigned partition is paused (work already taken
     /// finishes and is committed; nothing is skipped), and resumed when it
     /// turns `true` again. The cluster's live-node gate.
     pub gate: Option<tokio::sync::watch::Receiver<bool>>,
 }
+
+/// The default of `flows.max_in_flight`.
+pub const DEFAULT_MAX_IN_FLIGHT: usize = 64;
 
 impl Default for ConsumerOptions {
     fn default() -> Self {
@@ -86,6 +97,8 @@ impl Default for ConsumerOptions {
             shutdown_grace: Duration::from_secs(30),
             max_queued_per_partition: 1_000,
             max_pending_per_partition: 1_000,
+            order: DeliveryOrder::default(),
+            max_in_flight: DEFAULT_MAX_IN_FLIGHT,
             gate: None,
         }
     }
@@ -129,6 +142,8 @@ struct Shared {
     topic: String,
     handler: Arc<dyn MessageHandler>,
     options: ConsumerOptions,
+    /// Records of the flow whose ordered part runs now (`max_in_flight`).
+    in_flight: Arc<Semaphore>,
     runtime: tokio::runtime::Handle,
     /// The partition workers and the tasks awaiting their completions;
     /// [`PartitionedConsumer::join`] waits for them.
@@ -210,6 +225,7 @@ impl PartitionedConsumer {
         let shared = Arc::new(Shared {
             topic: topic.to_string(),
             handler,
+            in_flight: Arc::new(Semaphore::new(options.max_in_flight.max(1))),
             runtime: tokio::runtime::Handle::try_current()
                 .context("the consumer must be started inside a tokio runtime")?,
             options: options.clone(),
@@ -403,61 +419,32 @@ impl Shared {
     }
 
     fn spawn_lane(self: &Arc<Self>, partition: i32) -> Lane {
-        let (tx, mut rx) = mpsc::unbounded_channel::<InputRecord>();
-        let queued = Arc::new(AtomicUsize::new(0));
-        let active = Arc::new(AtomicUsize::new(0));
-        let stop_taking = CancellationToken::new();
-        let abort = CancellationToken::new();
-        let pending = Arc::new(Semaphore::new(
-            self.options.max_pending_per_partition.max(1),
-        ));
-        let handler = self.handler.clone();
-        let finished_tx = self.finished_tx.clone();
-        let completions = self.tasks.clone();
-        let (worker_queued, worker_active, worker_stop, worker_abort) = (
-            queued.clone(),
-            active.clone(),
-            stop_taking.clone(),
-            abort.clone(),
-        );
-        self.tasks.spawn_on(
-            async move {
-                loop {
-                    let record = tokio::select! {
-                        biased;
-                        _ = worker_stop.cancelled() => break,
-                        record = rx.recv() => match record {
-                            Some(record) => record,
-                            None => break,
-                        },
-                    };
-                    worker_queued.fetch_sub(1, Ordering::Relaxed);
-                    let Ok(permit) = pending.clone().acquire_owned().await else {
-                        break;
-                    };
-                    worker_active.fetch_add(1, Ordering::Relaxed);
-                    let offset = record.offset;
-                    let completion = handler.handle(record, worker_abort.clone()).await;
-                    let (finished_tx, active) = (finished_tx.clone(), worker_active.clone());
-                    completions.spawn(async move {
-                        if completion.await == Outcome::Finished {
-                            let _ = finished_tx.send((partition, offset));
-                        }
-                        active.fetch_sub(1, Ordering::Relaxed);
-                        drop(permit);
-                    });
-                }
-            },
-            &self.runtime,
-        );
-        Lane {
+        let (tx, rx) = mpsc::unbounded_channel::<InputRecord>();
+        let lane = LaneContext {
+            partition,
+            order: self.options.order,
+            handler: self.handler.clone(),
+            in_flight: self.in_flight.clone(),
+            pending: Arc::new(Semaphore::new(
+                self.options.max_pending_per_partition.max(1),
+            )),
+            queued: Arc::new(AtomicUsize::new(0)),
+            active: Arc::new(AtomicUsize::new(0)),
+            stop_taking: CancellationToken::new(),
+            abort: CancellationToken::new(),
+            finished_tx: self.finished_tx.clone(),
+            tasks: self.tasks.clone(),
+        };
+        let handle = Lane {
             tx,
-            queued,
-            active,
-            stop_taking,
-            abort,
+            queued: lane.queued.clone(),
+            active: lane.active.clone(),
+            stop_taking: lane.stop_taking.clone(),
+            abort: lane.abort.clone(),
             paused: false,
-        }
+        };
+        self.tasks.spawn_on(lane.run(rx), &self.runtime);
+        handle
     }
 
     /// Applies finished offsets to the trackers and stores the commit

@@ -7,6 +7,7 @@
 //! - [`record`]: the owned records that cross this layer.
 //! - [`offsets`]: which offsets may be committed.
 //! - [`consumer`]: the partitioned consumer ([`PartitionedConsumer`]).
+//! - [`lane`]: one partition's worker and the flow's [`DeliveryOrder`].
 //! - [`producer`]: the producer ([`RelayProducer`]).
 //! - [`admin`]: creating the topics the relay owns.
 //! - [`probe`]: whether a cluster answers, and librdkafka's reason if not.
@@ -14,6 +15,7 @@
 pub mod admin;
 pub mod center_policy;
 pub mod consumer;
+pub mod lane;
 pub mod link;
 pub mod offsets;
 pub mod probe;
@@ -25,6 +27,7 @@ pub use center_policy::CenterPolicy;
 pub use consumer::{
     ConsumerOptions, MessageHandler, Outcome as HandleOutcome, PartitionedConsumer,
 };
+pub use lane::DeliveryOrder;
 pub use link::LinkInfo;
 pub use producer::RelayProducer;
 pub use record::{InputRecord, OutputRecord};

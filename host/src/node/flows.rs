@@ -129,6 +129,8 @@ pub(super) fn prepare(
             Arc::new(FlowMessageHandler::new(handler)),
             ConsumerOptions {
                 gate,
+                order: flow.ordering,
+                max_in_flight: flow.max_in_flight,
                 ..consumer_options.clone()
             },
             consumers_stop.clone(),

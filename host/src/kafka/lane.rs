@@ -1,0 +1,421 @@
+//! One partition's worker (a *lane*): takes the partition's records in
+//! offset order and starts their handling as the flow's [`DeliveryOrder`]
+//! allows, with at most `max_in_flight` records of the whole flow being
+//! handled at once.
+//!
+//! - `partition`: one record of the partition at a time (the next starts
+//!   when the previous one's ordered part is done).
+//! - `key` (the default): records with different keys are handled
+//!   together; records with the same key strictly one after the other, in
+//!   offset order. Records without a key count as one key.
+//! - `none`: no order at all, only the `max_in_flight` bound.
+//!
+//! The order is over the ordered part of the handling (plugin chains,
+//! delivery with its retries, dead-lettering decisions, enqueueing the
+//! outputs); waiting for produce acknowledgements (the [`Completion`])
+//! overlaps with anything. Offsets finish out of order and are committed
+//! only up to the highest contiguous finished one
+//! ([`super::offsets::PartitionOffsets`]), so a crash re-delivers every
+//! record that was not finished, in order per key.
+//!
+//! Like Confluent's Parallel Consumer (`KEY` ordering) and Dapr's
+//! `app-max-concurrency`.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use serde::{Deserialize, Serialize};
+use tokio::sync::{Semaphore, mpsc};
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use super::consumer::{MessageHandler, Outcome};
+use super::record::InputRecord;
+
+/// In which order a flow handles the records of one partition
+/// (`flows.ordering`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum DeliveryOrder {
+    /// One record of a partition at a time.
+    Partition,
+    /// Records with the same key one at a time, in offset order; different
+    /// keys concurrently.
+    #[default]
+    Key,
+    /// Any order; only `max_in_flight` bounds the concurrency.
+    None,
+}
+
+impl std::fmt::Display for DeliveryOrder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            DeliveryOrder::Partition => "partition",
+            DeliveryOrder::Key => "key",
+            DeliveryOrder::None => "none",
+        })
+    }
+}
+
+/// Which records must wait for each other: those with the same slot.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+enum Slot {
+    /// Every record of the partition (`partition` ordering).
+    Partition,
+    /// Records with this key; `None`: records without a key.
+    Key(Option<Vec<u8>>),
+}
+
+impl DeliveryOrder {
+    fn slot(self, record: &InputRecord) -> Option<Slot> {
+        match self {
+            DeliveryOrder::Partition => Some(Slot::Partition),
+            DeliveryOrder::Key => Some(Slot::Key(record.key.clone())),
+            DeliveryOrder::None => None,
+        }
+    }
+}
+
+/// What a lane shares with its consumer.
+pub(super) struct LaneContext {
+    pub(super) partition: i32,
+    pub(super) order: DeliveryOrder,
+    pub(super) handler: Arc<dyn MessageHandler>,
+    /// Records of the whole flow whose ordered part is running.
+    pub(super) in_flight: Arc<Semaphore>,
+    /// Records of this partition whose completion is still pending.
+    pub(super) pending: Arc<Semaphore>,
+    /// Records sent to the lane and not started yet (queued or waiting for
+    /// their key): the consumer pauses the partition when it is too high.
+    pub(super) queued: Arc<AtomicUsize>,
+    /// Started and not yet completed.
+    pub(super) active: Arc<AtomicUsize>,
+    /// Stop starting records (revocation, shutdown).
+    pub(super) stop_taking: CancellationToken,
+    /// Give up work in progress.
+    pub(super) abort: CancellationToken,
+    /// Where finished offsets go.
+    pub(super) finished_tx: mpsc::UnboundedSender<(i32, i64)>,
+    /// The handling tasks.
+    pub(super) tasks: TaskTracker,
+}
+
+impl LaneContext {
+    /// Runs the lane until `stop_taking` or until `records` closes. Records
+    /// still waiting for their key then are dropped unfinished (consumed
+    /// again later); started ones run on in `tasks`.
+    pub(super) async fn run(self, mut records: mpsc::UnboundedReceiver<InputRecord>) {
+        // Slots with a record in progress, and the records waiting for them.
+        let mut busy: HashMap<Slot, VecDeque<InputRecord>> = HashMap::new();
+        let (slot_free_tx, mut slot_free) = mpsc::unbounded_channel::<Slot>();
+        loop {
+            tokio::select! {
+                biased;
+                _ = self.stop_taking.cancelled() => break,
+                Some(slot) = slot_free.recv() => {
+                    let next = busy.get_mut(&slot).and_then(VecDeque::pop_front);
+                    match next {
+                        Some(record) => {
+                            if !self.start(record, Some(slot), &slot_free_tx).await {
+                                break;
+                            }
+                        }
+                        None => {
+                            busy.remove(&slot);
+                        }
+                    }
+                }
+                record = records.recv() => {
+                    let Some(record) = record else { break };
+                    let slot = self.order.slot(&record);
+                    match slot {
+                        Some(slot) if busy.contains_key(&slot) => {
+                            if let Some(waiting) = busy.get_mut(&slot) {
+                                waiting.push_back(record);
+                            }
+                        }
+                        Some(slot) => {
+                            busy.insert(slot.clone(), VecDeque::new());
+                            if !self.start(record, Some(slot), &slot_free_tx).await {
+                                break;
+                            }
+                        }
+                        None => {
+                            if !self.start(record, None, &slot_free_tx).await {
+                                break;
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// Starts handling `record` once the flow and the partition have room;
+    /// false when the lane must stop instead.
+    async fn start(
+        &self,
+        record: InputRecord,
+        slot: Option<Slot>,
+        slot_free: &mpsc::UnboundedSender<Slot>,
+    ) -> bool {
+        let permits = async {
+            let pending = self.pending.clone().acquire_owned().await.ok()?;
+            let in_flight = self.in_flight.clone().acquire_owned().await.ok()?;
+            Some((pending, in_flight))
+        };
+        let (pending, in_flight) = tokio::select! {
+            biased;
+            _ = self.stop_taking.cancelled() => return false,
+            permits = permits => match permits {
+                Some(permits) => permits,
+                None => return false,
+            },
+        };
+        self.queued.fetch_sub(1, Ordering::Relaxed);
+        self.active.fetch_add(1, Ordering::Relaxed);
+        let (partition, offset) = (self.partition, record.offset);
+        let handling = self.handler.handle(record, self.abort.clone());
+        let (finished_tx, active, slot_free) = (
+            self.finished_tx.clone(),
+            self.active.clone(),
+            slot_free.clone(),
+        );
+        self.tasks.spawn(async move {
+            let completion = handling.await;
+            // The ordered part is done: the slot's next record may start.
+            drop(in_flight);
+            if let Some(slot) = slot {
+                let _ = slot_free.send(slot);
+            }
+            if completion.await == Outcome::Finished {
+                let _ = finished_tx.send((partition, offset));
+            }
+            active.fetch_sub(1, Ordering::Relaxed);
+            drop(pending);
+        });
+        true
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Mutex;
+    use std::time::Duration;
+
+    use futures::FutureExt as _;
+    use futures::future::BoxFuture;
+
+    use super::*;
+    use crate::kafka::consumer::Completion;
+
+    /// Records what ran when: per key, the offsets in the order their
+    /// ordered part started, whether two of a key overlapped, and the most
+    /// records in progress at once.
+    #[derive(Default)]
+    struct Log {
+        started: HashMap<Option<Vec<u8>>, Vec<i64>>,
+        running_keys: HashMap<Option<Vec<u8>>, usize>,
+        overlaps: usize,
+        running: usize,
+        most_running: usize,
+        finished: Vec<i64>,
+    }
+
+    struct SlowHandler {
+        log: Arc<Mutex<Log>>,
+    }
+
+    impl MessageHandler for SlowHandler {
+        fn handle(
+            &self,
+            record: InputRecord,
+            _abort: CancellationToken,
+        ) -> BoxFuture<'static, Completion> {
+            let log = self.log.clone();
+            // Yields the completion, which the lane awaits separately.
+            #[allow(clippy::async_yields_async)]
+            let handling = async move {
+                {
+                    let mut log = log.lock().unwrap();
+                    log.started
+                        .entry(record.key.clone())
+                        .or_default()
+                        .push(record.offset);
+                    let same_key = log.running_keys.entry(record.key.clone()).or_default();
+                    *same_key += 1;
+                    if *same_key > 1 {
+                        log.overlaps += 1;
+                    }
+                    log.running += 1;
+                    log.most_running = log.most_running.max(log.running);
+                }
+                // Uneven work, so that a later record could overtake.
+                tokio::time::sleep(Duration::from_millis(1 + (record.offset % 4) as u64)).await;
+                {
+                    let mut log = log.lock().unwrap();
+                    log.running -= 1;
+                    *log.running_keys.get_mut(&record.key).unwrap() -= 1;
+                    log.finished.push(record.offset);
+                }
+                async { Outcome::Finished }.boxed()
+            };
+            handling.boxed()
+        }
+    }
+
+    fn record(offset: i64, key: Option<&str>) -> InputRecord {
+        InputRecord {
+            topic: "t".into(),
+            partition: 0,
+            offset,
+            key: key.map(|k| k.as_bytes().to_vec()),
+            value: Some(b"v".to_vec()),
+            headers: Vec::new(),
+            timestamp_ms: None,
+        }
+    }
+
+    /// Runs `records` through one lane and returns the log and the offsets
+    /// reported finished.
+    async fn run_lane(
+        order: DeliveryOrder,
+        max_in_flight: usize,
+        records: Vec<InputRecord>,
+    ) -> (Log, Vec<i64>) {
+        let log = Arc::new(Mutex::new(Log::default()));
+        let (finished_tx, mut finished_rx) = mpsc::unbounded_channel();
+        let tasks = TaskTracker::new();
+        let lane = LaneContext {
+            partition: 0,
+            order,
+            handler: Arc::new(SlowHandler { log: log.clone() }),
+            in_flight: Arc::new(Semaphore::new(max_in_flight)),
+            pending: Arc::new(Semaphore::new(1_000)),
+            queued: Arc::new(AtomicUsize::new(records.len())),
+            active: Arc::new(AtomicUsize::new(0)),
+            stop_taking: CancellationToken::new(),
+            abort: CancellationToken::new(),
+            finished_tx,
+            tasks: tasks.clone(),
+        };
+        let (tx, rx) = mpsc::unbounded_channel();
+        let count = records.len();
+        for record in records {
+            tx.send(record).unwrap();
+        }
+        let queued = lane.queued.clone();
+        tasks.spawn(lane.run(rx));
+        let mut finished = Vec::new();
+        while finished.len() < count {
+            let (_, offset) = tokio::time::timeout(Duration::from_secs(10), finished_rx.recv())
+                .await
+                .expect("every record finishes")
+                .unwrap();
+            finished.push(offset);
+        }
+        assert_eq!(
+            queued.load(Ordering::Relaxed),
+            0,
+            "every record was started"
+        );
+        drop(tx);
+        tasks.close();
+        tasks.wait().await;
+        let log = std::mem::take(&mut *log.lock().unwrap());
+        (log, finished)
+    }
+
+    fn keyed(count: i64, keys: i64) -> Vec<InputRecord> {
+        (0..count)
+            .map(|offset| record(offset, Some(&format!("k{}", offset % keys))))
+            .collect()
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn key_order_runs_keys_together_and_each_key_in_offset_order() {
+        let (log, finished) = run_lane(DeliveryOrder::Key, 16, keyed(400, 20)).await;
+        assert_eq!(log.overlaps, 0, "two records of one key ran at once");
+        for (key, offsets) in &log.started {
+            assert!(
+                offsets.is_sorted(),
+                "key {key:?} started out of offset order: {offsets:?}"
+            );
+            assert_eq!(offsets.len(), 20);
+        }
+        assert!(
+            log.most_running > 4,
+            "different keys should run together, at most {} did",
+            log.most_running
+        );
+        assert!(log.most_running <= 16, "max_in_flight exceeded");
+        assert_eq!(finished.len(), 400);
+        assert!(
+            !log.finished.is_sorted(),
+            "records of different keys finish out of order"
+        );
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn records_without_a_key_are_ordered_as_one_key() {
+        let records = (0..50).map(|offset| record(offset, None)).collect();
+        let (log, _) = run_lane(DeliveryOrder::Key, 16, records).await;
+        assert_eq!(log.most_running, 1);
+        assert!(log.started[&None].is_sorted());
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn partition_order_runs_one_record_at_a_time() {
+        let (log, finished) = run_lane(DeliveryOrder::Partition, 16, keyed(100, 20)).await;
+        assert_eq!(log.most_running, 1);
+        assert!(finished.is_sorted(), "{finished:?}");
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn no_order_is_bounded_by_max_in_flight_only() {
+        // One key: with `none` its records still run together.
+        let records = (0..200).map(|offset| record(offset, Some("k"))).collect();
+        let (log, _) = run_lane(DeliveryOrder::None, 8, records).await;
+        assert!(log.overlaps > 0);
+        assert_eq!(log.most_running, 8, "fills max_in_flight and no more");
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_stopped_lane_starts_nothing_more() {
+        let log = Arc::new(Mutex::new(Log::default()));
+        let (finished_tx, _finished_rx) = mpsc::unbounded_channel();
+        let tasks = TaskTracker::new();
+        let stop_taking = CancellationToken::new();
+        let lane = LaneContext {
+            partition: 0,
+            order: DeliveryOrder::Key,
+            handler: Arc::new(SlowHandler { log: log.clone() }),
+            in_flight: Arc::new(Semaphore::new(1)),
+            pending: Arc::new(Semaphore::new(1_000)),
+            queued: Arc::new(AtomicUsize::new(0)),
+            active: Arc::new(AtomicUsize::new(0)),
+            stop_taking: stop_taking.clone(),
+            abort: CancellationToken::new(),
+            finished_tx,
+            tasks: tasks.clone(),
+        };
+        let (tx, rx) = mpsc::unbounded_channel();
+        for record in keyed(100, 100) {
+            lane.queued.fetch_add(1, Ordering::Relaxed);
+            tx.send(record).unwrap();
+        }
+        tasks.spawn(lane.run(rx));
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        stop_taking.cancel();
+        tasks.close();
+        tokio::time::timeout(Duration::from_secs(5), tasks.wait())
+            .await
+            .expect("the lane and its work end");
+        let started: usize = log.lock().unwrap().started.values().map(Vec::len).sum();
+        assert!(
+            (1..100).contains(&started),
+            "{started} started: some, not all"
+        );
+    }
+}
