@@ -2,8 +2,9 @@
 //! the data-return chain of a flow).
 //!
 //! Plugins are looked up by name at every call, so a hot-reloaded version
-//! serves the next message; each call runs on tokio's blocking pool because
-//! a plugin may compute for up to its deadline.
+//! serves the next message; calls run on the plugin executor
+//! ([`crate::plugin::executor`]), which merges the messages of records in
+//! flight together into one call per plugin version.
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -81,19 +82,11 @@ impl PluginChain {
                 .map(|m| to_plugin_message(input, m))
                 .collect();
             let started = Instant::now();
-            let call_version = version.clone();
-            let answers =
-                tokio::task::spawn_blocking(move || call_version.process_batch(&batch)).await;
+            let answers = self.registry.process_batch(version, batch).await;
             self.metrics.observe_plugin_call(name, started.elapsed());
             let answers = match answers {
-                Ok(Ok(answers)) => answers,
-                Ok(Err(error)) => return classify(&label, error),
-                Err(join_error) => {
-                    return Attempt::Retry(ChainFailure::new(
-                        &label,
-                        format!("plugin task failed: {join_error}"),
-                    ));
-                }
+                Ok(answers) => answers,
+                Err(error) => return classify(&label, error),
             };
             for answer in answers {
                 match answer {

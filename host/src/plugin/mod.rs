@@ -4,6 +4,7 @@
 //!
 //! - [`engine`]: the wasmtime engine, linker and limits ([`PluginRuntime`]).
 //! - [`version`]: one loaded version and its instance pool ([`PluginVersion`]).
+//! - [`executor`]: the threads processor calls run on, batching them.
 //! - [`registry`]: which version of each plugin serves ([`PluginRegistry`]).
 //! - [`watcher`]: hot reload from the plugins directory.
 //! - [`state`]: per-instance host state and the `host` interface.
@@ -12,6 +13,7 @@
 pub mod bindings;
 pub mod engine;
 pub mod error;
+pub mod executor;
 pub mod registry;
 mod state;
 pub mod version;

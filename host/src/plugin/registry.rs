@@ -11,14 +11,16 @@
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, RwLock};
+use std::sync::{Arc, Mutex, OnceLock, RwLock};
 use std::time::SystemTime;
 
 use arc_swap::ArcSwap;
 use sha2::{Digest, Sha256};
 
+use super::bindings::Message;
 use super::engine::PluginRuntime;
 use super::error::{PluginError, World};
+use super::executor::{BatchAnswers, PluginExecutor};
 use super::state::PluginConfig;
 use super::version::{PluginVersion, VersionStats};
 
@@ -36,6 +38,9 @@ pub struct PluginRegistry {
     failed_new: Mutex<HashMap<String, LoadFailure>>,
     /// Serialises scans: two events in a row must not compile the same file twice.
     scanning: tokio::sync::Mutex<()>,
+    /// Runs processor calls, started at the first one; `None` if its
+    /// threads could not be started (calls then use the blocking pool).
+    executor: OnceLock<Option<PluginExecutor>>,
 }
 
 impl std::fmt::Debug for PluginRegistry {
@@ -155,6 +160,38 @@ impl PluginRegistry {
             slots: RwLock::new(HashMap::new()),
             failed_new: Mutex::new(HashMap::new()),
             scanning: tokio::sync::Mutex::new(()),
+            executor: OnceLock::new(),
+        }
+    }
+
+    /// Processes `messages` with `version` on the plugin executor (one
+    /// answer per message, in order), merged into one call with other
+    /// messages waiting for the same version.
+    pub async fn process_batch(
+        &self,
+        version: Arc<PluginVersion>,
+        messages: Vec<Message>,
+    ) -> BatchAnswers {
+        let executor = self.executor.get_or_init(|| {
+            PluginExecutor::start(PluginExecutor::default_threads())
+                .inspect_err(|error| {
+                    tracing::error!(%error, "starting the plugin executor; plugin calls use the blocking pool");
+                })
+                .ok()
+        });
+        match executor {
+            Some(executor) => executor.process_batch(version, messages).await,
+            None => {
+                let label = version.label().clone();
+                tokio::task::spawn_blocking(move || version.process_batch(&messages))
+                    .await
+                    .unwrap_or_else(|join_error| {
+                        Err(PluginError::Instantiate {
+                            version: label,
+                            cause: format!("plugin task failed: {join_error}"),
+                        })
+                    })
+            }
         }
     }
 

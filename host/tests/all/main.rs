@@ -17,5 +17,6 @@ mod gateway_protocol;
 mod kafka_broker;
 mod listener_tls;
 mod mesh;
+mod plugin_executor;
 mod plugin_guard_rails;
 mod plugin_hot_reload;

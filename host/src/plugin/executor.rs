@@ -1,0 +1,208 @@
+//! The plugin executor: a few dedicated threads that run processor calls,
+//! merging the messages waiting for the same plugin version into one
+//! `process-batch` call.
+//!
+//! Why not one blocking-pool task per call: a call of a small plugin takes
+//! under a microsecond, and handing each one to a pool thread and back costs
+//! several. Here every record in flight asks for its call (a [`Job`]); a free
+//! executor thread takes the oldest job and every other queued job for the
+//! same version (up to [`MAX_BATCH_MESSAGES`] messages), makes one call and
+//! answers each job with its own part. Nothing waits to fill a batch: a
+//! batch is what is ready, so latency is never traded for it.
+//!
+//! When a merged call fails as a whole (a trap, the deadline, the memory
+//! cap), the jobs are called again one by one, so only the job that caused
+//! it gets the error.
+
+use std::collections::VecDeque;
+use std::sync::{Arc, Condvar, Mutex};
+
+use tokio::sync::oneshot;
+
+use super::bindings::{Message, Outcome};
+use super::error::PluginError;
+use super::version::PluginVersion;
+
+/// The most messages merged into one call.
+pub const MAX_BATCH_MESSAGES: usize = 256;
+
+/// The answers to one job: one per message, or an error for all of them.
+pub type BatchAnswers = Result<Vec<Result<Outcome, PluginError>>, PluginError>;
+
+/// One call asked for: messages for a version, and where the answers go.
+struct Job {
+    version: Arc<PluginVersion>,
+    messages: Vec<Message>,
+    reply: oneshot::Sender<BatchAnswers>,
+}
+
+#[derive(Default)]
+struct Queue {
+    jobs: VecDeque<Job>,
+    closed: bool,
+}
+
+struct Shared {
+    queue: Mutex<Queue>,
+    ready: Condvar,
+}
+
+/// Runs processor calls on its own threads; dropping it stops the threads
+/// once the queued jobs are done.
+pub struct PluginExecutor {
+    shared: Arc<Shared>,
+    threads: usize,
+}
+
+impl std::fmt::Debug for PluginExecutor {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PluginExecutor")
+            .field("threads", &self.threads)
+            .finish_non_exhaustive()
+    }
+}
+
+impl PluginExecutor {
+    /// Starts `threads` executor threads (at least one).
+    pub fn start(threads: usize) -> std::io::Result<Self> {
+        let shared = Arc::new(Shared {
+            queue: Mutex::new(Queue::default()),
+            ready: Condvar::new(),
+        });
+        let threads = threads.max(1);
+        for index in 0..threads {
+            let shared = shared.clone();
+            std::thread::Builder::new()
+                .name(format!("plugin-exec-{index}"))
+                .spawn(move || shared.work())?;
+        }
+        Ok(PluginExecutor { shared, threads })
+    }
+
+    /// One thread per core, and at least two, so that one slow call does
+    /// not hold up every other.
+    pub fn default_threads() -> usize {
+        std::thread::available_parallelism()
+            .map(usize::from)
+            .unwrap_or(2)
+            .max(2)
+    }
+
+    /// Processes `messages` with `version` (one answer per message, in
+    /// order), possibly in one call with other jobs for the same version.
+    pub async fn process_batch(
+        &self,
+        version: Arc<PluginVersion>,
+        messages: Vec<Message>,
+    ) -> BatchAnswers {
+        let (reply, answer) = oneshot::channel();
+        {
+            let mut queue = self
+                .shared
+                .queue
+                .lock()
+                .unwrap_or_else(|poisoned| poisoned.into_inner());
+            queue.jobs.push_back(Job {
+                version: version.clone(),
+                messages,
+                reply,
+            });
+        }
+        self.shared.ready.notify_one();
+        answer.await.unwrap_or_else(|_| {
+            // Only at shutdown; worth a retry, not a dead letter.
+            Err(PluginError::Instantiate {
+                version: version.label().clone(),
+                cause: "the plugin executor stopped before answering".into(),
+            })
+        })
+    }
+}
+
+impl Drop for PluginExecutor {
+    fn drop(&mut self) {
+        if let Ok(mut queue) = self.shared.queue.lock() {
+            queue.closed = true;
+        }
+        self.shared.ready.notify_all();
+    }
+}
+
+impl Shared {
+    fn work(&self) {
+        while let Some(jobs) = self.next_jobs() {
+            run(jobs);
+        }
+    }
+
+    /// The oldest job and the queued jobs for the same version after it (up
+    /// to [`MAX_BATCH_MESSAGES`] messages); `None` once closed and empty.
+    fn next_jobs(&self) -> Option<Vec<Job>> {
+        let mut queue = self
+            .queue
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        loop {
+            if let Some(first) = queue.jobs.pop_front() {
+                let mut messages = first.messages.len();
+                let mut jobs = vec![first];
+                let mut index = 0;
+                while index < queue.jobs.len() && messages < MAX_BATCH_MESSAGES {
+                    let job = &queue.jobs[index];
+                    if Arc::ptr_eq(&job.version, &jobs[0].version)
+                        && messages + job.messages.len() <= MAX_BATCH_MESSAGES
+                    {
+                        messages += job.messages.len();
+                        if let Some(job) = queue.jobs.remove(index) {
+                            jobs.push(job);
+                        }
+                    } else {
+                        index += 1;
+                    }
+                }
+                return Some(jobs);
+            }
+            if queue.closed {
+                return None;
+            }
+            queue = self
+                .ready
+                .wait(queue)
+                .unwrap_or_else(|poisoned| poisoned.into_inner());
+        }
+    }
+}
+
+/// Makes one call for `jobs` (all for one version) and answers each; a
+/// failed merged call is made again job by job.
+fn run(mut jobs: Vec<Job>) {
+    if jobs.len() == 1 {
+        let job = jobs.pop().expect("one job");
+        let answers = job.version.process_batch(&job.messages);
+        let _ = job.reply.send(answers);
+        return;
+    }
+    let version = jobs[0].version.clone();
+    let counts: Vec<usize> = jobs.iter().map(|job| job.messages.len()).collect();
+    let mut merged = Vec::with_capacity(counts.iter().sum());
+    for job in &mut jobs {
+        merged.append(&mut job.messages);
+    }
+    match version.process_batch(&merged) {
+        Ok(answers) => {
+            let mut answers = answers.into_iter();
+            for (job, count) in jobs.into_iter().zip(counts) {
+                let _ = job.reply.send(Ok(answers.by_ref().take(count).collect()));
+            }
+        }
+        Err(_) => {
+            // Give the messages back to their jobs and call each alone.
+            let mut merged = merged.into_iter();
+            for (mut job, count) in jobs.into_iter().zip(counts) {
+                job.messages = merged.by_ref().take(count).collect();
+                let answers = job.version.process_batch(&job.messages);
+                let _ = job.reply.send(answers);
+            }
+        }
+    }
+}
