@@ -130,6 +130,27 @@ fn cargo_build(targets: &[&str], output: &str) -> PathBuf {
     // Cargo runs tests with CARGO set to itself; by hand, take the one in PATH.
     let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
     let mut build = Command::new(&cargo);
+    // What cargo sets for running this test is not what a build by hand
+    // has: left in, it makes build scripts that watch it (ring's watches
+    // CARGO_MANIFEST_DIR) run again, rebuilding ring, rustls and all that
+    // depends on them here and again at the next build by hand.
+    for (name, _) in std::env::vars_os() {
+        let name = name.to_string_lossy();
+        if name.starts_with("CARGO_PKG_")
+            || matches!(
+                &*name,
+                "CARGO_MANIFEST_DIR"
+                    | "CARGO_MANIFEST_PATH"
+                    | "CARGO_CRATE_NAME"
+                    | "CARGO_BIN_NAME"
+                    | "CARGO_PRIMARY_PACKAGE"
+                    | "CARGO_TARGET_TMPDIR"
+                    | "OUT_DIR"
+            )
+        {
+            build.env_remove(&*name);
+        }
+    }
     build
         .args(["build", "--locked"])
         .args(targets)
