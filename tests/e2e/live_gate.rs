@@ -73,7 +73,11 @@ async fn below_min_live_nodes_the_cluster_flow_waits_and_goes_on_when_nodes_are_
     tokio::time::sleep(Duration::from_secs(5)).await;
     // (A message of the first ten may come again: at least once.)
     let early: Vec<u32> = values(&pool).into_iter().filter(|n| *n >= 10).collect();
-    assert!(early.is_empty(), "consumed below the minimum: {early:?}");
+    assert!(
+        early.is_empty(),
+        "consumed below the minimum: {early:?}\nnode-a log:\n{}",
+        a.log()
+    );
 
     // It comes back: the rest is delivered.
     let _b = node("node-b", &kafka);

@@ -25,7 +25,7 @@ use tokio::sync::{Semaphore, mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use super::lane::{DeliveryOrder, LaneContext};
+use super::lane::{Backlog, DeliveryOrder, LaneContext};
 use super::link::LinkInfo;
 use super::offsets::PartitionOffsets;
 use super::record::InputRecord;
@@ -71,8 +71,16 @@ pub struct ConsumerOptions {
     pub revoke_drain_timeout: Duration,
     /// How long in-flight work may take to finish at shutdown.
     pub shutdown_grace: Duration,
-    /// Records queued for one partition's worker before the partition is paused.
+    /// Records queued for one partition's lane (not started yet) before
+    /// the partition is paused; resumed at half. Pausing makes librdkafka
+    /// drop what it had fetched of the partition and fetch it again on
+    /// resuming, so pausing often costs the broker dearly: the bound is
+    /// high, and [`ConsumerOptions::max_queued_bytes_per_partition`] keeps
+    /// the memory in check.
     pub max_queued_per_partition: usize,
+    /// Bytes (keys, values, headers) queued for one partition's lane before
+    /// the partition is paused; resumed at half.
+    pub max_queued_bytes_per_partition: usize,
     /// Records of one partition whose completion is still pending.
     pub max_pending_per_partition: usize,
     /// Which records of a partition wait for each other.
@@ -95,7 +103,8 @@ impl Default for ConsumerOptions {
             commit_interval: Duration::from_millis(500),
             revoke_drain_timeout: Duration::from_secs(10),
             shutdown_grace: Duration::from_secs(30),
-            max_queued_per_partition: 1_000,
+            max_queued_per_partition: 20_000,
+            max_queued_bytes_per_partition: 16 * 1024 * 1024,
             max_pending_per_partition: 1_000,
             order: DeliveryOrder::default(),
             max_in_flight: DEFAULT_MAX_IN_FLIGHT,
@@ -130,7 +139,7 @@ impl std::fmt::Debug for PartitionedConsumer {
 
 struct Lane {
     tx: mpsc::UnboundedSender<InputRecord>,
-    queued: Arc<AtomicUsize>,
+    backlog: Arc<Backlog>,
     /// Started and not yet completed.
     active: Arc<AtomicUsize>,
     stop_taking: CancellationToken,
@@ -155,6 +164,11 @@ struct Shared {
     consumed: AtomicUsize,
     /// Next offset to consume per partition (kept across revocations).
     positions: Mutex<HashMap<i32, i64>>,
+    /// Records polled while the gate was closed, in poll order: not
+    /// dispatched (nor counted as consumed) until it opens. librdkafka
+    /// clears a pause when it applies a new assignment, so a fetch can
+    /// return records of a partition paused in the rebalance callback.
+    held: Mutex<Vec<InputRecord>>,
 }
 
 struct RelayConsumerContext {
@@ -177,6 +191,10 @@ impl ConsumerContext for RelayConsumerContext {
                 .map(|e| e.partition())
                 .collect();
             tracing::info!(topic = %self.shared.topic, ?partitions, "partitions revoked; draining them");
+            // Held records of these partitions are their new owner's.
+            if let Ok(mut held) = self.shared.held.lock() {
+                held.retain(|record| !partitions.contains(&record.partition));
+            }
             self.shared.drain_partitions(
                 consumer,
                 &partitions,
@@ -236,6 +254,7 @@ impl PartitionedConsumer {
             finished_rx: Mutex::new(finished_rx),
             consumed: AtomicUsize::new(0),
             positions: Mutex::new(HashMap::new()),
+            held: Mutex::new(Vec::new()),
         });
         let consumer: RelayBaseConsumer = link
             .create_with_context(
@@ -306,16 +325,35 @@ impl Shared {
                 }
                 // Every time: partitions assigned meanwhile are paused too.
                 self.pause_assignment(consumer, true);
-            } else if gated {
-                gated = false;
-                self.pause_assignment(consumer, false);
-                tracing::info!(topic = %self.topic, "consumption resumed: the gate is open again");
+            } else {
+                // Held records go first, in the order polled (also those
+                // held while the gate closed and opened within one poll).
+                let held = self.held.lock().map(|mut held| std::mem::take(&mut *held));
+                for record in held.unwrap_or_default() {
+                    self.dispatch(consumer, record);
+                }
+                if gated {
+                    gated = false;
+                    self.pause_assignment(consumer, false);
+                    tracing::info!(topic = %self.topic, "consumption resumed: the gate is open again");
+                }
             }
             match consumer.poll(Duration::from_millis(50)) {
                 Some(Ok(message)) => {
                     let record = InputRecord::from_borrowed(&message);
                     drop(message);
-                    self.dispatch(consumer, record);
+                    if gated || self.gate_closed() {
+                        // Fetched before the pause took effect: held (and
+                        // its partition paused) until the gate opens.
+                        pause(consumer, &self.topic, record.partition, true);
+                        // (So that the partition is resumed with the rest.)
+                        gated = true;
+                        if let Ok(mut held) = self.held.lock() {
+                            held.push(record);
+                        }
+                    } else {
+                        self.dispatch(consumer, record);
+                    }
                 }
                 // Broker hiccups surface here; librdkafka retries on its own.
                 Some(Err(error))
@@ -389,14 +427,16 @@ impl Shared {
         let lane = lanes
             .entry(partition)
             .or_insert_with(|| self.spawn_lane(partition));
-        lane.queued.fetch_add(1, Ordering::Relaxed);
+        let size = record.size_bytes();
+        lane.backlog.add(size);
         if lane.tx.send(record).is_err() {
             // The worker is gone (abandoned partition); the record stays
             // uncommitted and is consumed again.
-            lane.queued.fetch_sub(1, Ordering::Relaxed);
+            lane.backlog.remove(size);
         }
         if !lane.paused
-            && lane.queued.load(Ordering::Relaxed) >= self.options.max_queued_per_partition
+            && (lane.backlog.records() >= self.options.max_queued_per_partition
+                || lane.backlog.bytes() >= self.options.max_queued_bytes_per_partition)
             && pause(consumer, &self.topic, partition, true)
         {
             lane.paused = true;
@@ -408,9 +448,11 @@ impl Shared {
             return;
         };
         let low_water = self.options.max_queued_per_partition / 2;
+        let low_water_bytes = self.options.max_queued_bytes_per_partition / 2;
         for (partition, lane) in lanes.iter_mut() {
             if lane.paused
-                && lane.queued.load(Ordering::Relaxed) <= low_water
+                && lane.backlog.records() <= low_water
+                && lane.backlog.bytes() <= low_water_bytes
                 && pause(consumer, &self.topic, *partition, false)
             {
                 lane.paused = false;
@@ -428,7 +470,7 @@ impl Shared {
             pending: Arc::new(Semaphore::new(
                 self.options.max_pending_per_partition.max(1),
             )),
-            queued: Arc::new(AtomicUsize::new(0)),
+            backlog: Arc::new(Backlog::default()),
             active: Arc::new(AtomicUsize::new(0)),
             stop_taking: CancellationToken::new(),
             abort: CancellationToken::new(),
@@ -437,7 +479,7 @@ impl Shared {
         };
         let handle = Lane {
             tx,
-            queued: lane.queued.clone(),
+            backlog: lane.backlog.clone(),
             active: lane.active.clone(),
             stop_taking: lane.stop_taking.clone(),
             abort: lane.abort.clone(),

@@ -77,6 +77,39 @@ impl DeliveryOrder {
     }
 }
 
+/// Records sent to a lane and not started yet (queued, or waiting for
+/// their key): how many and their bytes. The consumer pauses the partition
+/// when either is too high.
+#[derive(Debug, Default)]
+pub(super) struct Backlog {
+    records: AtomicUsize,
+    bytes: AtomicUsize,
+}
+
+impl Backlog {
+    /// A record was sent to the lane.
+    pub(super) fn add(&self, size_bytes: usize) {
+        self.records.fetch_add(1, Ordering::Relaxed);
+        self.bytes.fetch_add(size_bytes, Ordering::Relaxed);
+    }
+
+    /// A record was started (or will never be).
+    pub(super) fn remove(&self, size_bytes: usize) {
+        self.records.fetch_sub(1, Ordering::Relaxed);
+        self.bytes.fetch_sub(size_bytes, Ordering::Relaxed);
+    }
+
+    /// Records waiting.
+    pub(super) fn records(&self) -> usize {
+        self.records.load(Ordering::Relaxed)
+    }
+
+    /// Their bytes.
+    pub(super) fn bytes(&self) -> usize {
+        self.bytes.load(Ordering::Relaxed)
+    }
+}
+
 /// What a lane shares with its consumer.
 pub(super) struct LaneContext {
     pub(super) partition: i32,
@@ -86,9 +119,8 @@ pub(super) struct LaneContext {
     pub(super) in_flight: Arc<Semaphore>,
     /// Records of this partition whose completion is still pending.
     pub(super) pending: Arc<Semaphore>,
-    /// Records sent to the lane and not started yet (queued or waiting for
-    /// their key): the consumer pauses the partition when it is too high.
-    pub(super) queued: Arc<AtomicUsize>,
+    /// Records sent to the lane and not started yet.
+    pub(super) backlog: Arc<Backlog>,
     /// Started and not yet completed.
     pub(super) active: Arc<AtomicUsize>,
     /// Stop starting records (revocation, shutdown).
@@ -173,7 +205,7 @@ impl LaneContext {
                 None => return false,
             },
         };
-        self.queued.fetch_sub(1, Ordering::Relaxed);
+        self.backlog.remove(record.size_bytes());
         self.active.fetch_add(1, Ordering::Relaxed);
         let (partition, offset) = (self.partition, record.offset);
         let handling = self.handler.handle(record, self.abort.clone());
@@ -293,7 +325,7 @@ mod tests {
             handler: Arc::new(SlowHandler { log: log.clone() }),
             in_flight: Arc::new(Semaphore::new(max_in_flight)),
             pending: Arc::new(Semaphore::new(1_000)),
-            queued: Arc::new(AtomicUsize::new(records.len())),
+            backlog: Arc::new(Backlog::default()),
             active: Arc::new(AtomicUsize::new(0)),
             stop_taking: CancellationToken::new(),
             abort: CancellationToken::new(),
@@ -303,9 +335,10 @@ mod tests {
         let (tx, rx) = mpsc::unbounded_channel();
         let count = records.len();
         for record in records {
+            lane.backlog.add(record.size_bytes());
             tx.send(record).unwrap();
         }
-        let queued = lane.queued.clone();
+        let backlog = lane.backlog.clone();
         tasks.spawn(lane.run(rx));
         let mut finished = Vec::new();
         while finished.len() < count {
@@ -315,11 +348,8 @@ mod tests {
                 .unwrap();
             finished.push(offset);
         }
-        assert_eq!(
-            queued.load(Ordering::Relaxed),
-            0,
-            "every record was started"
-        );
+        assert_eq!(backlog.records(), 0, "every record was started");
+        assert_eq!(backlog.bytes(), 0);
         drop(tx);
         tasks.close();
         tasks.wait().await;
@@ -393,7 +423,7 @@ mod tests {
             handler: Arc::new(SlowHandler { log: log.clone() }),
             in_flight: Arc::new(Semaphore::new(1)),
             pending: Arc::new(Semaphore::new(1_000)),
-            queued: Arc::new(AtomicUsize::new(0)),
+            backlog: Arc::new(Backlog::default()),
             active: Arc::new(AtomicUsize::new(0)),
             stop_taking: stop_taking.clone(),
             abort: CancellationToken::new(),
@@ -402,7 +432,7 @@ mod tests {
         };
         let (tx, rx) = mpsc::unbounded_channel();
         for record in keyed(100, 100) {
-            lane.queued.fetch_add(1, Ordering::Relaxed);
+            lane.backlog.add(record.size_bytes());
             tx.send(record).unwrap();
         }
         tasks.spawn(lane.run(rx));

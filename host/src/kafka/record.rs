@@ -24,6 +24,18 @@ pub struct InputRecord {
 }
 
 impl InputRecord {
+    /// The bytes of its key, value and headers (what holding it costs,
+    /// roughly).
+    pub fn size_bytes(&self) -> usize {
+        self.key.as_ref().map_or(0, Vec::len)
+            + self.value.as_ref().map_or(0, Vec::len)
+            + self
+                .headers
+                .iter()
+                .map(|(name, value)| name.len() + value.len())
+                .sum::<usize>()
+    }
+
     /// Copies a consumed message.
     pub fn from_borrowed(msg: &BorrowedMessage<'_>) -> Self {
         InputRecord {
