@@ -238,6 +238,18 @@ impl ClusterRuntime {
         };
         // Room for the routes about to be read, made once.
         routes.reserve(routes_tail.records_at_start().unwrap_or_default());
+        // The table reads while the node checks for a twin (that check
+        // waits two heartbeat intervals, which the catch-up had waited too,
+        // with the reader stopped on a full channel). Nothing it does needs
+        // membership yet: with no view it evicts nothing. A refused start
+        // stops it with the rest.
+        tasks.spawn(follow_routes(
+            routes.clone(),
+            routes_rx,
+            view.clone(),
+            routes_started,
+            stop.clone(),
+        ));
 
         let mut membership = MembershipOptions {
             identity: Heartbeat {
@@ -270,6 +282,7 @@ impl ClusterRuntime {
         )
         .await;
         if let Err(refused) = twin_check {
+            stop.cancel();
             tokio::task::spawn_blocking(move || {
                 heartbeat_tail.stop();
                 routes_tail.stop();
@@ -307,13 +320,6 @@ impl ClusterRuntime {
             heartbeats_rx,
             view_tx,
             cluster_metrics,
-            stop.clone(),
-        ));
-        tasks.spawn(follow_routes(
-            routes.clone(),
-            routes_rx,
-            view.clone(),
-            routes_started,
             stop.clone(),
         ));
         tasks.spawn(publish_routes(

@@ -80,6 +80,8 @@ type TailConsumer = BaseConsumer<TailContext>;
 
 /// How long one poll waits.
 const POLL: Duration = Duration::from_millis(100);
+/// `queued.max.messages.kbytes` of a tail's consumer (see [`TopicTail::start`]).
+const QUEUED_KBYTES: u32 = 8 * 1024;
 
 impl TopicTail {
     /// Starts reading every partition of `topic` from `start`, sending to
@@ -100,6 +102,13 @@ impl TopicTail {
             .set("enable.auto.commit", "false")
             .set("enable.auto.offset.store", "false")
             .set("enable.partition.eof", "true");
+        // What librdkafka fetches ahead of the thread, unless the link says
+        // otherwise: its default (64 MiB) is memory a node keeps (freed
+        // buffers stay with the allocator) after reading a large routes
+        // topic, and a few MiB keep the thread busy as well.
+        if config.get("queued.max.messages.kbytes").is_none() {
+            config.set("queued.max.messages.kbytes", QUEUED_KBYTES.to_string());
+        }
         let consumer: TailConsumer = info
             .create_with_context(
                 &config,
@@ -207,6 +216,15 @@ fn flush(events: &mpsc::Sender<TailEvent>, pending: &mut Vec<InputRecord>) -> bo
     events.blocking_send(event).is_ok()
 }
 
+/// Where a reader's time went until it caught up (logged at debug).
+#[derive(Default)]
+struct ReadStats {
+    records: u64,
+    empty_polls: u64,
+    polling: Duration,
+    sending: Duration,
+}
+
 fn poll_loop(
     consumer: &TailConsumer,
     topic: &str,
@@ -219,6 +237,8 @@ fn poll_loop(
     let mut caught_up = false;
     let mut last_error: Option<String> = None;
     let mut pending: Vec<InputRecord> = Vec::new();
+    let started = std::time::Instant::now();
+    let mut stats = ReadStats::default();
     while !stop.load(Ordering::SeqCst) {
         // Records waiting to be sent go as soon as none more is ready.
         let wait = if pending.is_empty() {
@@ -226,18 +246,29 @@ fn poll_loop(
         } else {
             Duration::ZERO
         };
-        let event = match consumer.poll(wait) {
+        let polled_at = std::time::Instant::now();
+        let polled = consumer.poll(wait);
+        stats.polling += polled_at.elapsed();
+        let event = match polled {
             None => {
+                stats.empty_polls += 1;
+                let sent_at = std::time::Instant::now();
                 if !flush(events, &mut pending) {
                     return;
                 }
+                stats.sending += sent_at.elapsed();
                 continue;
             }
             Some(Ok(message)) => {
                 last_error = None;
+                stats.records += 1;
                 pending.push(InputRecord::from_borrowed(&message));
-                if pending.len() >= batch && !flush(events, &mut pending) {
-                    return;
+                if pending.len() >= batch {
+                    let sent_at = std::time::Instant::now();
+                    if !flush(events, &mut pending) {
+                        return;
+                    }
+                    stats.sending += sent_at.elapsed();
                 }
                 continue;
             }
@@ -250,6 +281,7 @@ fn poll_loop(
                 if !flush(events, &mut pending) {
                     return;
                 }
+                tracing::debug!(%topic, seconds = started.elapsed().as_secs_f64(), records = stats.records, polling_s = stats.polling.as_secs_f64(), sending_s = stats.sending.as_secs_f64(), empty_polls = stats.empty_polls, "reader at the end of every partition");
                 TailEvent::CaughtUp
             }
             Some(Err(error)) => {
