@@ -6,7 +6,8 @@
 //!    group, offsets stored after each acknowledgement, acknowledgements
 //!    awaited concurrently; the same client settings as the relay's link)
 //!    and (b) `wasmrelay run` with a transform flow through the `passthrough`
-//!    plugin. Prints records per second of each and the ratio.
+//!    plugin, (c) another `wasmrelay run` through `json-enrich` (JSON values
+//!    of the same size). Prints records per second of each and the ratios.
 //! 2. **Latency**: records produced at a fixed rate carry their send time;
 //!    the relay and a plain consume-produce loop (the same two broker trips)
 //!    both carry them to an output topic of their own; one consumer reads
@@ -254,6 +255,8 @@ fn thread_cpu_since(
 struct Figures {
     plain: Duration,
     through_relay: Duration,
+    /// The same through `json-enrich` (JSON values of the same size).
+    through_enrich: Duration,
     /// CPU while the plain loop ran, and while the relay drained its topic.
     plain_cpu: Cpu,
     relay_cpu: Cpu,
@@ -273,6 +276,10 @@ impl Figures {
 
     fn relay_rate(&self) -> f64 {
         RECORDS as f64 / self.through_relay.as_secs_f64()
+    }
+
+    fn enrich_rate(&self) -> f64 {
+        RECORDS as f64 / self.through_enrich.as_secs_f64()
     }
 }
 
@@ -330,6 +337,17 @@ async fn plain_loop(
 }
 
 fn relay_config(broker: &Broker) -> String {
+    relay_config_with(
+        broker,
+        &[
+            ("throughput", "relay-in", "relay-out", "passthrough"),
+            ("latency", "lat-in", "lat-out", "passthrough"),
+        ],
+    )
+}
+
+/// A relay with one transform flow per `(name, input, output, plugin)`.
+fn relay_config_with(broker: &Broker, flows: &[(&str, &str, &str, &str)]) -> String {
     let plugins = support::plugins_dist().display();
     let bootstrap = broker.kafka.bootstrap();
     let extra: String = broker
@@ -339,17 +357,19 @@ fn relay_config(broker: &Broker) -> String {
         .chain(extra_link_options())
         .map(|(key, value)| format!("\"{key}\" = \"{value}\"\n"))
         .collect();
-    let flow = |name: &str, input: &str, output: &str| {
-        format!(
-            "[[flows]]\nname = \"{name}\"\nlink = \"main\"\ninput_topic = \"{input}\"\nservice_call = [\"passthrough\"]\noutput_topic = \"{output}\"\ndead_letter_topic = \"{input}.dlq\"\n"
-        )
-    };
+    let flows: String = flows
+        .iter()
+        .map(|(name, input, output, plugin)| {
+            format!(
+                "[[flows]]\nname = \"{name}\"\nlink = \"main\"\ninput_topic = \"{input}\"\nservice_call = [\"{plugin}\"]\noutput_topic = \"{output}\"\ndead_letter_topic = \"{input}.dlq\"\n"
+            )
+        })
+        .collect();
     format!(
         "[admin]\nlisten = \"127.0.0.1:0\"\n[plugins]\ndir = \"{plugins}\"\nwatch = false\n\
+         [plugins.config.json-enrich]\nfield = \"enriched_by\"\nvalue = \"wasmrelay-bench\"\n\
          [links.main]\nbootstrap_servers = \"{bootstrap}\"\n[links.main.options]\n\"fetch.wait.max.ms\" = \"10\"\n\
-         \"session.timeout.ms\" = \"6000\"\n\"heartbeat.interval.ms\" = \"500\"\n{extra}{}{}",
-        flow("throughput", "relay-in", "relay-out"),
-        flow("latency", "lat-in", "lat-out"),
+         \"session.timeout.ms\" = \"6000\"\n\"heartbeat.interval.ms\" = \"500\"\n{extra}{flows}"
     )
 }
 
@@ -411,7 +431,7 @@ fn latency_reader(
 async fn run(broker: &Broker) -> Figures {
     let kafka = &broker.kafka;
     let tansu = child_pid("tansu");
-    for topic in ["plain-in", "relay-in", "lat-in"] {
+    for topic in ["plain-in", "relay-in", "lat-in", "enrich-in"] {
         kafka.create_topic(topic, 3).await;
     }
     kafka.create_topic("plain-out", 3).await;
@@ -424,6 +444,17 @@ async fn run(broker: &Broker) -> Figures {
     // fetch starts inside it, which librdkafka does after a partial batch.
     kafka.produce("plain-in", records.clone()).await;
     kafka.produce("relay-in", records).await;
+    // json-enrich needs JSON: the same size, as a JSON object.
+    let padding = "x".repeat(VALUE_BYTES - 30);
+    let json_records: Vec<TestRecord> = (0..RECORDS)
+        .map(|n| {
+            TestRecord::keyed(
+                format!("k{}", n % 100),
+                format!("{{\"n\":{n},\"pad\":\"{padding}\"}}"),
+            )
+        })
+        .collect();
+    kafka.produce("enrich-in", json_records).await;
 
     // Throughput: the plain loop, then the relay, on the same broker.
     let before = Cpu::now(None, tansu);
@@ -501,9 +532,30 @@ async fn run(broker: &Broker) -> Figures {
     let relayed = relayed.await.unwrap();
     let looped = looped.await.unwrap();
     drop(relay);
+
+    // Throughput through json-enrich: a relay of its own, started now.
+    let relay = RelayProcess::start(
+        &relay_config_with(
+            broker,
+            &[("enrich", "enrich-in", "enrich-out", "json-enrich")],
+        ),
+        &[("RUST_LOG", "warn,wasmrelay::node=info")],
+    );
+    let started = Instant::now();
+    while relay.metric(r#"wasmrelay_messages_returned_total{flow="enrich"}"#) < RECORDS as u64 {
+        assert!(
+            started.elapsed() < Duration::from_secs(600),
+            "relay too slow:\n{}",
+            relay.log()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let through_enrich = started.elapsed();
+    drop(relay);
     Figures {
         plain,
         through_relay,
+        through_enrich,
         plain_cpu,
         relay_cpu,
         relay_threads,
@@ -541,6 +593,17 @@ fn print_run(broker: &Broker, figures: &Figures) {
         "{:<44} {:>10.2}x",
         "relay / plain loop",
         figures.relay_rate() / figures.plain_rate()
+    );
+    println!(
+        "{:<44} {:>10.0} records/s ({:.2} s)",
+        "wasmrelay transform flow, json-enrich plugin",
+        figures.enrich_rate(),
+        figures.through_enrich.as_secs_f64()
+    );
+    println!(
+        "{:<44} {:>10.2}x",
+        "relay (json-enrich) / plain loop",
+        figures.enrich_rate() / figures.plain_rate()
     );
     println!(
         "{:<44} plain loop {:>6.1}  relay {:>6.1}",
