@@ -101,7 +101,8 @@ async fn run(kafka: &Tansu, input: &str, ordering: &str, count: u64) -> (f64, u6
             value["key"].as_u64().unwrap(),
             value["seq"].as_u64().unwrap(),
         );
-        let mut check = app_check.lock().unwrap();
+        let mut guard = app_check.lock().unwrap();
+        let check = &mut *guard;
         let now = Instant::now();
         check.first_at.get_or_insert(now);
         check.last_at = Some(now);
