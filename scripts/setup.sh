@@ -20,7 +20,13 @@
 #   - python3 (the sidecar example app) and kill (Debian procps);
 #   - cargo-nextest (the test runner) and tansu 0.6.0 with the dynostore and
 #     libsql features (the Kafka broker the integration tests start, SQLite
-#     storage for its SASL users; a long build the first time).
+#     storage for its SASL users; a long build the first time);
+#   - the toolchains of plugins in other languages: clang, wasm-ld, wasi-libc
+#     and the wasm32 compiler-rt (Debian clang, lld, wasi-libc,
+#     libclang-rt-14-dev-wasm32) here, then scripts/plugin-toolchains.sh for
+#     componentize-js (npm), componentize-py (PyPI), wit-bindgen and
+#     wasm-tools (crates.io) and the WASI preview1 adapter, pinned, under
+#     $WASMRELAY_TOOLS (default ~/.local/share/wasmrelay/tools).
 #
 # Debian packages are installed with apt-get (through sudo when not root;
 # apt-get update runs once, and only when something is missing). Safe to run
@@ -90,6 +96,19 @@ EOF
 
 etcd_works() { etcd --version >"$scratch/why" 2>&1; }
 
+# C plugins: clang compiles for wasm32-wasi against Debian's wasi-libc and
+# links with wasm-ld (lld); the compiler-rt builtins come from the wasm32
+# compiler-rt package.
+wasm_c_works() {
+  printf '#include <stdio.h>\n#include <stdlib.h>\nint f(int n) { char b[32]; double *d = malloc(8); *d = n; snprintf(b, 32, "%%g", *d * 1.5); free(d); return b[0]; }\n' >"$scratch/check-wasm.c"
+  clang --target=wasm32-wasi -O2 -mexec-model=reactor "$scratch/check-wasm.c" \
+    -o "$scratch/check-wasm.wasm" >"$scratch/why" 2>&1
+}
+
+# JavaScript and Python plugins: their build tools come from npm and PyPI.
+npm_works() { npm --version >"$scratch/why" 2>&1; }
+python3_venv_works() { python3 -m venv --help >"$scratch/why" 2>&1; }
+
 python3_works() { python3 -c 'import http.server, json, argparse' >"$scratch/why" 2>&1; }
 
 # The tests run the kill program (not the shell's builtin).
@@ -108,6 +127,9 @@ if ! $demo_only; then
     "etcd_works|etcd: the config-center tests start one|etcd-server"
     "python3_works|python3 with its standard library: a test runs the sidecar example app|python3"
     "kill_works|the kill program: tests send signals to the relay with it|procps"
+    "wasm_c_works|clang for wasm32-wasi with wasi-libc and wasm-ld: C plugins are built with them|clang lld wasi-libc libclang-rt-14-dev-wasm32"
+    "npm_works|npm: componentize-js (JavaScript plugins) is installed with it|npm"
+    "python3_venv_works|python3 with venv: componentize-py (Python plugins) is installed in a venv|python3-venv"
   )
 fi
 
@@ -186,3 +208,6 @@ if ! tansu_ok; then
   say "installing tansu 0.6.0 with SQLite storage (the Kafka broker of the integration tests; a long build)"
   cargo install tansu --version 0.6.0 --features dynostore,libsql --locked
 fi
+
+# Toolchains of plugins in JavaScript, Python and C (pinned; skips what is there).
+"$(dirname "${BASH_SOURCE[0]}")/plugin-toolchains.sh"
