@@ -25,6 +25,9 @@ cargo fmt --all -- --check
 say "building the example plugins (wasm32-wasip2)"
 plugins/build.sh >/dev/null
 
+say "building the example plugins in C, JavaScript and Python (plugins/polyglot)"
+plugins/polyglot/build.sh >/dev/null
+
 say "cargo clippy -D warnings (host and plugins)"
 cargo clippy --workspace --all-targets --locked -- -D warnings
 (cd plugins && cargo clippy --workspace --target wasm32-wasip2 --locked -- -D warnings)

@@ -41,6 +41,14 @@ impl RelayProcess {
     /// `listening` log lines, so the filter must let `wasmrelay::node` info
     /// through. Waits until ready (or panics with the relay's log).
     pub fn start(config: &str, env: &[(&str, &str)]) -> RelayProcess {
+        Self::start_within(config, env, Duration::from_secs(60))
+    }
+
+    /// [`RelayProcess::start`], waiting up to `timeout` for it to be ready
+    /// (a relay compiles its plugins before it is ready: a large component,
+    /// such as a JavaScript or Python one, takes most of a minute to compile
+    /// in a debug build).
+    pub fn start_within(config: &str, env: &[(&str, &str)], timeout: Duration) -> RelayProcess {
         let dir = tempfile::tempdir().unwrap();
         let config_path = dir.path().join("relay.toml");
         std::fs::write(&config_path, config).unwrap();
@@ -69,7 +77,6 @@ impl RelayProcess {
             admin_token: None,
             _dir: dir,
         };
-        let timeout = Duration::from_secs(60);
         let started = Instant::now();
         let admin = relay.wait_listening(timeout);
         relay.admin = format!("http://{admin}");

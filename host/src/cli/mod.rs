@@ -3,7 +3,10 @@
 
 mod demo;
 mod message_json;
+mod plugin_bench;
+mod plugin_new;
 mod plugin_test;
+mod plugin_wit;
 mod run;
 mod token;
 
@@ -141,6 +144,75 @@ pub enum PluginCommand {
     /// Exit status: 0 when every line was run (plugin errors are output, not
     /// failures), 1 when the plugin cannot be loaded, 2 for bad input.
     Test(PluginTestArgs),
+    /// Write the plugin contract (the WIT package `wasmrelay:plugin`, as
+    /// this binary implements it) to DIR/plugin.wit, for toolchains that
+    /// generate bindings from WIT: wit-bindgen (C, Rust), componentize-py,
+    /// componentize-js.
+    Wit(PluginWitArgs),
+    /// Write a ready plugin project NAME/ in a language: the source, the WIT
+    /// contract, `build.sh`, a sample `input.jsonl` and a README, then print
+    /// the commands that build it and run it under `plugin test`.
+    ///
+    /// Each language's `build.sh` needs that language's toolchain (the
+    /// project README names it); `scripts/setup.sh` of the wasmrelay
+    /// repository installs them all. Exit status 2 for a bad name or an
+    /// existing, non-empty NAME/.
+    New(PluginNewArgs),
+    /// Measure what a processor plugin costs in the relay's runtime and
+    /// print it as one JSON line: component size, compile time at load,
+    /// instantiation time and linear memory of a fresh instance, and time
+    /// per `process` call on a JSON object value of --value-bytes.
+    Bench(PluginBenchArgs),
+}
+
+/// Arguments of `wasmrelay plugin bench`.
+#[derive(Debug, Args)]
+pub struct PluginBenchArgs {
+    /// The processor plugin component (`.wasm`).
+    pub plugin: PathBuf,
+    /// A config value for the plugin, as `key=value`; repeat for more.
+    #[arg(long = "config", value_name = "KEY=VALUE", value_parser = parse_config_entry)]
+    pub config: Vec<(String, String)>,
+    /// Size of the JSON object value of the message processed, in bytes.
+    #[arg(long, value_name = "BYTES", default_value_t = 1024)]
+    pub value_bytes: usize,
+    /// Calls made before measuring.
+    #[arg(long, value_name = "N", default_value_t = 200)]
+    pub warmup: u64,
+    /// Calls measured, at least.
+    #[arg(long, value_name = "N", default_value_t = 1000)]
+    pub min_calls: u64,
+    /// Time spent measuring calls, at least, in milliseconds.
+    #[arg(long, value_name = "MS", default_value_t = 2000)]
+    pub min_ms: u64,
+    /// Memory cap of the plugin instance, in MiB.
+    #[arg(long, value_name = "MIB", default_value_t = 64)]
+    pub memory_mib: u64,
+}
+
+/// Arguments of `wasmrelay plugin new`.
+#[derive(Debug, Args)]
+pub struct PluginNewArgs {
+    /// The language of the plugin.
+    #[arg(long, value_enum)]
+    pub lang: plugin_new::PluginLang,
+    /// The world the plugin implements (default: processor).
+    #[arg(long, value_parser = parse_world)]
+    pub world: Option<World>,
+    /// The directory the project directory NAME is made in.
+    #[arg(long, value_name = "DIR", default_value = ".")]
+    pub dir: PathBuf,
+    /// The plugin's name (lowercase letters, digits and hyphens): the
+    /// project directory and `NAME.wasm`.
+    pub name: String,
+}
+
+/// Arguments of `wasmrelay plugin wit`.
+#[derive(Debug, Args)]
+pub struct PluginWitArgs {
+    /// The directory to write `plugin.wit` into (created if missing).
+    #[arg(value_name = "DIR", default_value = "wit")]
+    pub dir: PathBuf,
 }
 
 /// Arguments of `wasmrelay run`.
@@ -229,6 +301,9 @@ pub fn run(cli: Cli) -> ExitCode {
         Command::Run(args) => run::run(args),
         Command::Demo(args) => demo::run(args),
         Command::Plugin(PluginCommand::Test(args)) => plugin_test::run(args),
+        Command::Plugin(PluginCommand::Wit(args)) => plugin_wit::run(args),
+        Command::Plugin(PluginCommand::New(args)) => plugin_new::run(args),
+        Command::Plugin(PluginCommand::Bench(args)) => plugin_bench::run(args),
         Command::Token(TokenCommand::Issue(args)) => token::run(args),
     }
 }

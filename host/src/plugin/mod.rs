@@ -24,5 +24,5 @@ pub use engine::{PluginLimits, PluginRuntime};
 pub use error::{PluginError, VersionLabel, World};
 pub use registry::{PluginInfo, PluginRegistry, PluginSlot, ScanReport};
 pub use state::PluginConfig;
-pub use version::{PluginVersion, VersionStats};
+pub use version::{InstanceProbe, PluginVersion, VersionStats};
 pub use watcher::{WatchOptions, spawn_plugin_watcher};

@@ -108,6 +108,9 @@ impl Host for HostState {
 pub(crate) struct MemoryCap {
     limit: usize,
     pub(crate) hit: bool,
+    /// Linear memory the instance has, in bytes, summed over its memories
+    /// (the initial size counts as growth from zero).
+    pub(crate) total: usize,
 }
 
 impl MemoryCap {
@@ -115,6 +118,7 @@ impl MemoryCap {
         MemoryCap {
             limit: usize::try_from(limit).unwrap_or(usize::MAX),
             hit: false,
+            total: 0,
         }
     }
 }
@@ -122,7 +126,7 @@ impl MemoryCap {
 impl wasmtime::ResourceLimiter for MemoryCap {
     fn memory_growing(
         &mut self,
-        _current: usize,
+        current: usize,
         desired: usize,
         _maximum: Option<usize>,
     ) -> wasmtime::Result<bool> {
@@ -136,6 +140,7 @@ impl wasmtime::ResourceLimiter for MemoryCap {
                 self.limit
             );
         }
+        self.total = self.total.saturating_add(desired.saturating_sub(current));
         Ok(true)
     }
 

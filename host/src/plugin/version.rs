@@ -10,7 +10,7 @@
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::SystemTime;
+use std::time::{Duration, Instant, SystemTime};
 
 use sha2::{Digest, Sha256};
 use wasmtime::Store;
@@ -73,6 +73,7 @@ pub struct PluginVersion {
     file: PathBuf,
     size_bytes: usize,
     loaded_at: SystemTime,
+    compile_time: Duration,
     runtime: PluginRuntime,
     pre: WorldPre,
     deadline_ticks: u64,
@@ -107,6 +108,15 @@ struct LiveInstance {
     exports: WorldExports,
 }
 
+/// What creating one instance of a version cost (`wasmrelay plugin bench`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct InstanceProbe {
+    /// How long instantiating took (from the prepared `InstancePre`).
+    pub instantiate: Duration,
+    /// Linear memory the new instance has, in bytes, over all its memories.
+    pub memory_bytes: u64,
+}
+
 /// Counters of one version, for `/plugins` and metrics.
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
 pub struct VersionStats {
@@ -139,8 +149,10 @@ impl PluginVersion {
         check_component_header(bytes).map_err(load_error)?;
         let sha256 = hex::encode(Sha256::digest(bytes));
 
+        let compiling = Instant::now();
         let component = Component::from_binary(&runtime.inner.engine, bytes)
             .map_err(|e| load_error(format!("compiling: {e:#}")))?;
+        let compile_time = compiling.elapsed();
         let pre = runtime
             .inner
             .linker
@@ -195,6 +207,7 @@ impl PluginVersion {
             file: file.to_path_buf(),
             size_bytes: bytes.len(),
             loaded_at: SystemTime::now(),
+            compile_time,
             runtime,
             pre: world_pre,
             deadline_ticks,
@@ -246,6 +259,22 @@ impl PluginVersion {
     /// When it was loaded.
     pub fn loaded_at(&self) -> SystemTime {
         self.loaded_at
+    }
+
+    /// How long compiling the component took when it was loaded.
+    pub fn compile_time(&self) -> Duration {
+        self.compile_time
+    }
+
+    /// Creates one fresh instance, measures it and drops it.
+    pub fn probe_instance(&self) -> Result<InstanceProbe, PluginError> {
+        let started = Instant::now();
+        let instance = self.instantiate()?;
+        let instantiate = started.elapsed();
+        Ok(InstanceProbe {
+            instantiate,
+            memory_bytes: instance.store.data().memory.total as u64,
+        })
     }
 
     /// The plugin's config values.
