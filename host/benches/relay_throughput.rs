@@ -1,7 +1,7 @@
 //! The relay against a plain consume-and-produce loop on the same broker.
 //!
 //! Starts a real broker (tansu) and, in one run:
-//! 1. **Throughput**: 20,000 records of 1 KiB are consumed and produced to
+//! 1. **Throughput**: 50,000 records of 1 KiB (`RELAY_BENCH_RECORDS`) are consumed and produced to
 //!    another topic by (a) a plain rdkafka loop in this process (consumer
 //!    group, offsets stored after each acknowledgement, acknowledgements
 //!    awaited concurrently; the same client settings as the relay's link)
@@ -50,7 +50,17 @@ use support::relay::RelayProcess;
 use support::tansu::{Security, Tansu, TestRecord};
 use wasmrelay::kafka::LinkInfo;
 
-const RECORDS: usize = 20_000;
+/// Records of the throughput runs, unless `RELAY_BENCH_RECORDS` says otherwise.
+const DEFAULT_RECORDS: usize = 50_000;
+
+/// Records of each throughput run: `RELAY_BENCH_RECORDS`, or
+/// [`DEFAULT_RECORDS`].
+fn record_count() -> usize {
+    std::env::var("RELAY_BENCH_RECORDS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(DEFAULT_RECORDS)
+}
 const VALUE_BYTES: usize = 1024;
 const LATENCY_RATE: u64 = 500;
 const LATENCY_SECONDS: u64 = 10;
@@ -271,21 +281,21 @@ struct Figures {
 
 impl Figures {
     fn plain_rate(&self) -> f64 {
-        RECORDS as f64 / self.plain.as_secs_f64()
+        record_count() as f64 / self.plain.as_secs_f64()
     }
 
     fn relay_rate(&self) -> f64 {
-        RECORDS as f64 / self.through_relay.as_secs_f64()
+        record_count() as f64 / self.through_relay.as_secs_f64()
     }
 
     fn enrich_rate(&self) -> f64 {
-        RECORDS as f64 / self.through_enrich.as_secs_f64()
+        record_count() as f64 / self.through_enrich.as_secs_f64()
     }
 }
 
 /// µs per record of `ms` CPU over the throughput run.
 fn per_record(ms: u64) -> f64 {
-    ms as f64 * 1000.0 / RECORDS as f64
+    ms as f64 * 1000.0 / record_count() as f64
 }
 
 fn now_ns() -> u128 {
@@ -437,7 +447,7 @@ async fn run(broker: &Broker) -> Figures {
     kafka.create_topic("plain-out", 3).await;
     kafka.create_topic("lat-plain-out", 3).await;
     let value = vec![b'x'; VALUE_BYTES];
-    let records: Vec<TestRecord> = (0..RECORDS)
+    let records: Vec<TestRecord> = (0..record_count())
         .map(|n| TestRecord::keyed(format!("k{}", n % 100), value.clone()))
         .collect();
     // One record per stored batch: tansu skips the rest of a batch when a
@@ -446,7 +456,7 @@ async fn run(broker: &Broker) -> Figures {
     kafka.produce("relay-in", records).await;
     // json-enrich needs JSON: the same size, as a JSON object.
     let padding = "x".repeat(VALUE_BYTES - 30);
-    let json_records: Vec<TestRecord> = (0..RECORDS)
+    let json_records: Vec<TestRecord> = (0..record_count())
         .map(|n| {
             TestRecord::keyed(
                 format!("k{}", n % 100),
@@ -458,7 +468,14 @@ async fn run(broker: &Broker) -> Figures {
 
     // Throughput: the plain loop, then the relay, on the same broker.
     let before = Cpu::now(None, tansu);
-    let plain = plain_loop(broker, "bench-plain-loop", "plain-in", "plain-out", RECORDS).await;
+    let plain = plain_loop(
+        broker,
+        "bench-plain-loop",
+        "plain-in",
+        "plain-out",
+        record_count(),
+    )
+    .await;
     let plain_cpu = Cpu::now(None, tansu).since(before);
     // Quiet, but for the line that says where the admin listener is.
     let relay = RelayProcess::start(
@@ -469,7 +486,9 @@ async fn run(broker: &Broker) -> Figures {
     let before = Cpu::now(relay_pid, tansu);
     let threads_before = thread_cpu_ms(relay.pid());
     let started = Instant::now();
-    while relay.metric(r#"wasmrelay_messages_returned_total{flow="throughput"}"#) < RECORDS as u64 {
+    while relay.metric(r#"wasmrelay_messages_returned_total{flow="throughput"}"#)
+        < record_count() as u64
+    {
         assert!(
             started.elapsed() < Duration::from_secs(600),
             "relay too slow:\n{}",
@@ -542,7 +561,9 @@ async fn run(broker: &Broker) -> Figures {
         &[("RUST_LOG", "warn,wasmrelay::node=info")],
     );
     let started = Instant::now();
-    while relay.metric(r#"wasmrelay_messages_returned_total{flow="enrich"}"#) < RECORDS as u64 {
+    while relay.metric(r#"wasmrelay_messages_returned_total{flow="enrich"}"#)
+        < record_count() as u64
+    {
         assert!(
             started.elapsed() < Duration::from_secs(600),
             "relay too slow:\n{}",
@@ -575,7 +596,8 @@ fn print_run(broker: &Broker, figures: &Figures) {
     };
     println!();
     println!(
-        "relay throughput: {RECORDS} records of {VALUE_BYTES} B, 3 partitions, tansu on {over}"
+        "relay throughput: {} records of {VALUE_BYTES} B, 3 partitions, tansu on {over}",
+        record_count()
     );
     println!(
         "{:<44} {:>10.0} records/s ({:.2} s)",

@@ -127,7 +127,7 @@ impl FlowHandler {
         let mut dead_letters: Vec<OutputRecord> = Vec::new();
 
         let calls = match self
-            .run_chain(&self.service_call, &input, original.clone(), &abort)
+            .run_chain(&self.service_call, &input, original, &abort)
             .await
         {
             ChainRun::Output(calls) => calls,
