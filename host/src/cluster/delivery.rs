@@ -191,8 +191,11 @@ impl ClusterDelivery {
                     Ok(()) => return DeliveryEnd::Delivered,
                     Err(reason) => reason,
                 };
-                let pause = backoff.next_pause();
-                if Instant::now() + pause > deadline {
+                // The time to live is spent before giving up: the last pause
+                // is cut short so that one more attempt falls on it.
+                let now = Instant::now();
+                let pause = backoff.next_pause().min(deadline.saturating_duration_since(now));
+                if now >= deadline {
                     return DeliveryEnd::GaveUp(format!(
                         "{reason} (time to live {:?} spent after {attempts} attempts)",
                         this.policy.ttl
