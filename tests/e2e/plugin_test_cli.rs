@@ -1,56 +1,21 @@
 //! `wasmrelay plugin test` as a plugin author runs it: the built binary, the
 //! built example plugins, JSON lines in and out.
 
-use std::io::Write;
-use std::process::{Command, Stdio};
+use std::process::Command;
 
-use serde_json::{Value, json};
+use serde_json::json;
 
+use support::plugin_cli::{PluginTestRun, value_json};
 use wasmrelay_test_support as support;
 
-struct Run {
-    code: i32,
-    lines: Vec<Value>,
-    stderr: String,
-}
-
-fn plugin_test(plugin: &str, args: &[&str], input: &str) -> Run {
+/// `plugin test` on an example plugin by name, or on a `.wasm` path.
+fn plugin_test(plugin: &str, args: &[&str], input: &str) -> PluginTestRun {
     let path = if plugin.ends_with(".wasm") {
         std::path::PathBuf::from(plugin)
     } else {
         support::plugin(plugin)
     };
-    let mut child = Command::new(support::wasmrelay_binary())
-        .arg("plugin")
-        .arg("test")
-        .arg(&path)
-        .args(args)
-        .env("RUST_LOG", "warn")
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(input.as_bytes())
-        .unwrap();
-    let output = child.wait_with_output().unwrap();
-    let stdout = String::from_utf8(output.stdout).unwrap();
-    Run {
-        code: output.status.code().unwrap(),
-        lines: stdout
-            .lines()
-            .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("bad output line {l}: {e}")))
-            .collect(),
-        stderr: String::from_utf8(output.stderr).unwrap(),
-    }
-}
-
-fn value_json(line: &Value) -> Value {
-    serde_json::from_str(line["value"].as_str().unwrap()).unwrap()
+    support::plugin_cli::plugin_test(&path, args, input)
 }
 
 #[test]

@@ -7,9 +7,7 @@
 //! call.
 
 use std::collections::{HashMap, HashSet};
-use std::io::Write;
 use std::path::Path;
-use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
@@ -20,48 +18,8 @@ use support::polyglot::{build_polyglot_version, polyglot_plugin};
 use support::relay::{RelayProcess, http_get};
 use support::tansu::{Tansu, TestRecord};
 
+use support::plugin_cli::{plugin_test, value_json};
 use wasmrelay_test_support as support;
-
-struct Run {
-    code: i32,
-    lines: Vec<Value>,
-    stderr: String,
-}
-
-fn plugin_test(plugin: &Path, args: &[&str], input: &str) -> Run {
-    let mut child = Command::new(support::wasmrelay_binary())
-        .arg("plugin")
-        .arg("test")
-        .arg(plugin)
-        .args(args)
-        .env("RUST_LOG", "warn")
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(input.as_bytes())
-        .unwrap();
-    let output = child.wait_with_output().unwrap();
-    let stdout = String::from_utf8(output.stdout).unwrap();
-    Run {
-        code: output.status.code().unwrap_or(-1),
-        lines: stdout
-            .lines()
-            .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("bad output line {l}: {e}")))
-            .collect(),
-        stderr: String::from_utf8(output.stderr).unwrap(),
-    }
-}
-
-fn value_json(line: &Value) -> Value {
-    serde_json::from_str(line["value"].as_str().unwrap())
-        .unwrap_or_else(|e| panic!("value of {line} is not JSON: {e}"))
-}
 
 const ENRICH_INPUT: &str = r#"{"key":"a","value":"{\"order\":42,\"source\":\"old\",\"z\":[1,{\"q\":null}]}","headers":{"traceparent":"00-abc-01","x-enriched-by":"stale"}}
 {"key":"b","value":"[1,2]"}

@@ -17,6 +17,7 @@ pub mod app;
 pub mod client_tokens;
 pub mod etcd;
 pub mod pki;
+pub mod plugin_cli;
 pub mod polyglot;
 pub mod processes;
 pub mod relay;
