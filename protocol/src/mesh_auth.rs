@@ -60,9 +60,22 @@ impl Purpose {
     }
 }
 
-/// A 32-byte key. Its `Debug` does not show it.
-#[derive(Clone, PartialEq, Eq)]
-pub struct Key([u8; MAC_BYTES]);
+/// A 32-byte key, with its HMAC key schedule made once (every MAC made
+/// with it starts from a copy, not from the key: two SHA-256 blocks fewer a
+/// record or a frame). Its `Debug` does not show it.
+#[derive(Clone)]
+pub struct Key {
+    bytes: [u8; MAC_BYTES],
+    keyed: HmacSha256,
+}
+
+impl PartialEq for Key {
+    fn eq(&self, other: &Key) -> bool {
+        self.bytes == other.bytes
+    }
+}
+
+impl Eq for Key {}
 
 impl std::fmt::Debug for Key {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -71,8 +84,15 @@ impl std::fmt::Debug for Key {
 }
 
 impl Key {
+    fn new(bytes: [u8; MAC_BYTES]) -> Key {
+        Key {
+            bytes,
+            keyed: HmacSha256::new_from_slice(&bytes).expect("HMAC takes keys of any length"),
+        }
+    }
+
     fn mac(&self) -> HmacSha256 {
-        HmacSha256::new_from_slice(&self.0).expect("HMAC takes keys of any length")
+        self.keyed.clone()
     }
 }
 
@@ -87,7 +107,7 @@ fn hmac(key: &[u8], parts: &[&[u8]]) -> [u8; MAC_BYTES] {
 /// `HMAC-SHA256(secret, "wasmrelay-key\n" + purpose)`: the key of one
 /// purpose.
 pub fn purpose_key(secret: &[u8], purpose: Purpose) -> Key {
-    Key(hmac(
+    Key::new(hmac(
         secret,
         &[b"wasmrelay-key\n", purpose.name().as_bytes()],
     ))
@@ -213,10 +233,10 @@ impl SessionKeys {
             hex::encode(dialer_nonce),
             hex::encode(acceptor_nonce)
         );
-        let master = hmac(&root.0, &[text.as_bytes()]);
+        let master = hmac(&root.bytes, &[text.as_bytes()]);
         SessionKeys {
-            dialer_to_acceptor: Key(hmac(&master, &[b"dialer-to-acceptor"])),
-            acceptor_to_dialer: Key(hmac(&master, &[b"acceptor-to-dialer"])),
+            dialer_to_acceptor: Key::new(hmac(&master, &[b"dialer-to-acceptor"])),
+            acceptor_to_dialer: Key::new(hmac(&master, &[b"acceptor-to-dialer"])),
         }
     }
 

@@ -299,8 +299,6 @@ pub async fn check_no_live_twin(
             Some(TailEvent::CaughtUp) => {
                 deadline.get_or_insert_with(|| Instant::now() + watch);
             }
-            // The heartbeat tail sends records one at a time (a batch of 1).
-            Some(TailEvent::Records(_)) => {}
             Some(TailEvent::Record(record)) => {
                 let beat = match open_heartbeat(&options.key, &record, options.node_timeout) {
                     Ok(beat) => beat,

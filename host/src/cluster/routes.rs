@@ -69,8 +69,8 @@ use wasmrelay_protocol::mesh_auth::{Key, record_mac, verify_record_mac};
 use super::membership::{ClusterView, MAC_HEADER};
 use super::route_map::{Change, NodeId, NodeTable, Route, RouteMap, place};
 use crate::gateway::{Gateway, RegistrationEvent};
-use crate::kafka::tail::TailEvent;
-use crate::kafka::{InputRecord, OutputRecord};
+use crate::kafka::tail::{TailEvent, TailSink};
+use crate::kafka::{InputRecord, OutputRecord, RecordView};
 use crate::link::KafkaLink;
 use crate::telemetry::metrics::ClusterMetrics;
 
@@ -170,10 +170,10 @@ struct Seen<'a> {
 }
 
 /// Why a route record was ignored (the `reason` label).
-fn reject(metrics: &ClusterMetrics, record: &InputRecord, reason: &str, why: &str) {
-    let key = String::from_utf8_lossy(record.key.as_deref().unwrap_or_default());
+fn reject(metrics: &ClusterMetrics, record: &RecordView<'_>, reason: &str, why: &str) {
+    let key = String::from_utf8_lossy(record.key.unwrap_or_default());
     tracing::warn!(topic = %record.topic, partition = record.partition, offset = record.offset, process = ?key, reason, "ignoring a route record: {why}");
-    metrics.record_rejected(&record.topic, reason);
+    metrics.record_rejected(record.topic, reason);
 }
 
 /// The MAC of a route record.
@@ -375,11 +375,12 @@ impl RouteTable {
 
     /// Applies one record of the routes topic.
     pub fn apply(&self, record: &InputRecord) {
-        let Some(process_id) = record
-            .key
-            .as_deref()
-            .and_then(|k| std::str::from_utf8(k).ok())
-        else {
+        self.apply_view(&record.view());
+    }
+
+    /// Applies one record of the routes topic, read in place.
+    pub fn apply_view(&self, record: &RecordView<'_>) {
+        let Some(process_id) = record.key.and_then(|k| std::str::from_utf8(k).ok()) else {
             tracing::warn!(
                 offset = record.offset,
                 partition = record.partition,
@@ -394,7 +395,7 @@ impl RouteTable {
         };
         let bad_mac =
             "its MAC does not verify (forged, altered, or made with another cluster secret)";
-        match &record.value {
+        match record.value {
             None => {
                 let writer = record
                     .header(ROUTE_NODE_HEADER)
@@ -782,8 +783,7 @@ impl RouteTable {
     /// its routes (see [`RouteTable::settle`]); a node not live starts its
     /// eviction clock, and a route just written by one restarts it.
     fn intern(&self, node: &str) -> NodeId {
-        self.nodes
-            .acquire(node, self.live.load().contains(node), Instant::now())
+        self.nodes.acquire(node, Instant::now())
     }
 
     /// After storing (`stored`) or not a route of `node` over `old`: the
@@ -851,21 +851,40 @@ impl super::mesh::LookupAnswerer for RouteTable {
 /// take one that was not written with the cluster secret.
 pub const DROP_ROUTE_ONCE_ENV: &str = "WASMRELAY_TEST_DROP_ROUTE_RECORD";
 
-/// Reads the routes topic into `table` until `shutdown`: from the beginning
-/// (reporting the catch-up, timed from `started`: when the reader started),
-/// then following it; follows membership, and, from its first view on,
-/// evicts the routes of nodes not live for the node timeout.
+/// What the routes topic's reader does with a record, on its thread:
+/// applies it to `table` (unless it is the one [`DROP_ROUTE_ONCE_ENV`]
+/// names: then it forgets the name), counting the records in `read`.
+pub fn apply_to_table(table: Arc<RouteTable>, read: Arc<AtomicU64>) -> TailSink {
+    let mut drop_once = std::env::var(DROP_ROUTE_ONCE_ENV).ok();
+    TailSink::Apply(Box::new(move |record| {
+        read.fetch_add(1, Ordering::Relaxed);
+        if record.value.is_some()
+            && drop_once
+                .as_deref()
+                .is_some_and(|p| record.key == Some(p.as_bytes()))
+        {
+            drop_once = None;
+            tracing::warn!(process = ?String::from_utf8_lossy(record.key.unwrap_or_default()), offset = record.offset, "dropping a route record ({DROP_ROUTE_ONCE_ENV})");
+            return;
+        }
+        table.apply_view(&record);
+    }))
+}
+
+/// Follows the reading of the routes topic into `table` (records applied
+/// by [`apply_to_table`], counted in `read`) until `shutdown`: reports the
+/// catch-up, timed from `started` (when the reader started); follows
+/// membership, and, from its first view on, evicts the routes of nodes not
+/// live for the node timeout.
 pub async fn follow_routes(
     table: Arc<RouteTable>,
-    mut records: mpsc::Receiver<TailEvent>,
+    mut events: mpsc::Receiver<TailEvent>,
+    read: Arc<AtomicU64>,
     mut view: watch::Receiver<ClusterView>,
     started: Instant,
     shutdown: CancellationToken,
 ) {
-    let mut read = 0u64;
-    let mut applied = Duration::ZERO;
     let mut viewed = false;
-    let mut drop_once = std::env::var(DROP_ROUTE_ONCE_ENV).ok();
     let mut sweep = tokio::time::interval((table.node_timeout / 4).max(Duration::from_millis(100)));
     sweep.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
@@ -880,49 +899,23 @@ pub async fn follow_routes(
                 let current = view.borrow_and_update().clone();
                 table.follow_view(&current);
             }
-            event = records.recv() => match event {
+            event = events.recv() => match event {
                 None => return,
-                Some(TailEvent::Record(record)) => {
-                    read += 1;
-                    apply_read(&table, &record, &mut drop_once);
-                }
-                Some(TailEvent::Records(records)) => {
-                    read += records.len() as u64;
-                    let applying = Instant::now();
-                    for record in &records {
-                        apply_read(&table, record, &mut drop_once);
-                    }
-                    applied += applying.elapsed();
-                }
+                // An applying tail sends no records.
+                Some(TailEvent::Record(_)) => {}
                 Some(TailEvent::CaughtUp) => {
                     let catch_up = CatchUp {
-                        records: read,
+                        records: read.load(Ordering::Relaxed),
                         routes: table.len(),
                         seconds: started.elapsed().as_secs_f64(),
                     };
                     tracing::info!(records = catch_up.records, routes = catch_up.routes, seconds = catch_up.seconds, "route table caught up");
-                    tracing::debug!(applying_s = applied.as_secs_f64(), "route table catch-up: time spent applying records");
                     table.routes.shrink();
                     table.caught_up.send_replace(Some(catch_up));
                 }
             }
         }
     }
-}
-
-/// Applies a record read from the routes topic, unless it is the one
-/// [`DROP_ROUTE_ONCE_ENV`] names (then forgets the name).
-fn apply_read(table: &RouteTable, record: &InputRecord, drop_once: &mut Option<String>) {
-    if record.value.is_some()
-        && drop_once
-            .as_deref()
-            .is_some_and(|p| record.key.as_deref() == Some(p.as_bytes()))
-    {
-        *drop_once = None;
-        tracing::warn!(process = ?String::from_utf8_lossy(record.key.as_deref().unwrap_or_default()), offset = record.offset, "dropping a route record ({DROP_ROUTE_ONCE_ENV})");
-        return;
-    }
-    table.apply(record);
 }
 
 /// Anti-entropy until `shutdown`: every `interval`, and at once when this
@@ -1136,8 +1129,10 @@ mod tests {
             &self,
             _: &str,
             _: wasmrelay_protocol::v1::Send,
-        ) -> futures::future::BoxFuture<'static, Result<(), crate::gateway::UpstreamError>>
-        {
+        ) -> futures::future::BoxFuture<
+            'static,
+            Result<crate::gateway::Accepted, crate::gateway::UpstreamError>,
+        > {
             Box::pin(async { Err(crate::gateway::UpstreamError::Refused("none".to_string())) })
         }
     }

@@ -30,4 +30,4 @@ pub use consumer::{
 pub use lane::DeliveryOrder;
 pub use link::LinkInfo;
 pub use producer::RelayProducer;
-pub use record::{InputRecord, OutputRecord};
+pub use record::{InputRecord, OutputRecord, RecordView};

@@ -1,8 +1,10 @@
-//! Owned Kafka records as the relay moves them: [`InputRecord`] (consumed,
-//! with where it came from) and [`OutputRecord`] (to be produced).
+//! Kafka records as the relay moves them: [`InputRecord`] (consumed, with
+//! where it came from), [`RecordView`] (a consumed record read in place,
+//! from librdkafka's buffer or an [`InputRecord`]) and [`OutputRecord`] (to
+//! be produced).
 
 use rdkafka::Message as _;
-use rdkafka::message::{BorrowedMessage, Header, Headers as _, OwnedHeaders};
+use rdkafka::message::{BorrowedHeaders, BorrowedMessage, Header, Headers as _, OwnedHeaders};
 
 /// A consumed record, detached from the consumer.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -74,6 +76,83 @@ impl InputRecord {
             .iter()
             .find(|(n, _)| n == name)
             .map(|(_, v)| v.as_slice())
+    }
+
+    /// The record as a [`RecordView`].
+    pub fn view(&self) -> RecordView<'_> {
+        RecordView {
+            topic: &self.topic,
+            partition: self.partition,
+            offset: self.offset,
+            key: self.key.as_deref(),
+            value: self.value.as_deref(),
+            headers: HeadersView::Owned(&self.headers),
+        }
+    }
+}
+
+/// A consumed record read where it is, without a copy: what a reader that
+/// only looks at each record once (the route table) takes.
+#[derive(Clone, Copy, Debug)]
+pub struct RecordView<'a> {
+    /// Topic it was consumed from.
+    pub topic: &'a str,
+    /// Partition.
+    pub partition: i32,
+    /// Offset in the partition.
+    pub offset: i64,
+    /// Key, if any.
+    pub key: Option<&'a [u8]>,
+    /// Value; `None` for a tombstone.
+    pub value: Option<&'a [u8]>,
+    headers: HeadersView<'a>,
+}
+
+#[derive(Clone, Copy)]
+enum HeadersView<'a> {
+    Kafka(Option<&'a BorrowedHeaders>),
+    Owned(&'a [(String, Vec<u8>)]),
+}
+
+impl std::fmt::Debug for HeadersView<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let names: Vec<&str> = match self {
+            HeadersView::Kafka(headers) => headers
+                .iter()
+                .flat_map(|headers| headers.iter().map(|h| h.key))
+                .collect(),
+            HeadersView::Owned(headers) => headers.iter().map(|(n, _)| n.as_str()).collect(),
+        };
+        f.debug_struct("Headers").field("names", &names).finish()
+    }
+}
+
+impl<'a> RecordView<'a> {
+    /// A consumed message, in librdkafka's buffer.
+    pub fn of_message(message: &'a BorrowedMessage<'_>) -> RecordView<'a> {
+        RecordView {
+            topic: message.topic(),
+            partition: message.partition(),
+            offset: message.offset(),
+            key: message.key(),
+            value: message.payload(),
+            headers: HeadersView::Kafka(message.headers()),
+        }
+    }
+
+    /// The first header with this name (a header without a value has an
+    /// empty one).
+    pub fn header(&self, name: &str) -> Option<&'a [u8]> {
+        match self.headers {
+            HeadersView::Kafka(headers) => headers?
+                .iter()
+                .find(|h| h.key == name)
+                .map(|h| h.value.unwrap_or_default()),
+            HeadersView::Owned(headers) => headers
+                .iter()
+                .find(|(n, _)| n == name)
+                .map(|(_, v)| v.as_slice()),
+        }
     }
 }
 

@@ -3,14 +3,15 @@
 //! table (from the beginning).
 //!
 //! A dedicated thread polls a `BaseConsumer` with partitions assigned, not
-//! subscribed, so nodes never rebalance each other; records go to a tokio
-//! channel (back-pressure: the thread waits when the channel is full), one
-//! at a time or, for a tail started with a batch above 1, as many as the
-//! consumer has ready up to the batch ([`TailEvent::Records`]): a channel
-//! item per record costs a wake-up of the reader or the writer per record,
-//! which is most of the time of reading a large topic. Once
-//! every partition has reached its end for the first time, [`TailEvent::CaughtUp`]
-//! is sent: the reader has seen everything written before it started.
+//! subscribed, so nodes never rebalance each other. What it does with a
+//! record is the tail's [`TailSink`]: send a copy to a tokio channel
+//! (back-pressure: the thread waits when the channel is full), or apply it
+//! on the thread itself, read in place from librdkafka's buffer (no copy,
+//! no channel hop, no task wake-up a record: reading a large topic is then
+//! as fast as the apply, and librdkafka keeps fetching meanwhile). Once
+//! every partition has reached its end for the first time,
+//! [`TailEvent::CaughtUp`] is sent: the reader has seen everything written
+//! before it started.
 
 use std::collections::HashSet;
 use std::sync::Arc;
@@ -24,7 +25,7 @@ use rdkafka::error::KafkaError;
 use rdkafka::{ClientContext, Offset, TopicPartitionList};
 use tokio::sync::mpsc;
 
-use super::{InputRecord, LinkInfo};
+use super::{InputRecord, LinkInfo, RecordView};
 
 /// Where reading starts.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -35,16 +36,37 @@ pub enum TailStart {
     End,
 }
 
-/// What a tail delivers.
+/// What a tail sends to its channel.
 #[derive(Debug)]
 pub enum TailEvent {
-    /// A record, in partition order.
+    /// A record, in partition order (from a [`TailSink::Send`] tail).
     Record(InputRecord),
-    /// Records in partition order, read together (only from a tail
-    /// started with a batch above 1).
-    Records(Vec<InputRecord>),
-    /// Every partition has been read to its end once.
+    /// Every partition has been read to its end once: every record before
+    /// it was sent, or applied.
     CaughtUp,
+}
+
+/// A function a [`TailSink::Apply`] tail calls with each record, on its
+/// reader thread.
+pub type ApplyRecord = Box<dyn FnMut(RecordView<'_>) + Send>;
+
+/// What a tail does with the records it reads, in partition order.
+pub enum TailSink {
+    /// Sends a copy of each to the channel ([`TailEvent::Record`]).
+    Send,
+    /// Calls the function with each, read in place; the channel gets only
+    /// [`TailEvent::CaughtUp`]. The function must not block for long:
+    /// the reader waits for it.
+    Apply(ApplyRecord),
+}
+
+impl std::fmt::Debug for TailSink {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            TailSink::Send => "Send",
+            TailSink::Apply(_) => "Apply",
+        })
+    }
 }
 
 /// A running tail; stops when dropped or [`TopicTail::stop`]ped.
@@ -84,16 +106,15 @@ const POLL: Duration = Duration::from_millis(100);
 const QUEUED_KBYTES: u32 = 8 * 1024;
 
 impl TopicTail {
-    /// Starts reading every partition of `topic` from `start`, sending to
-    /// `events` up to `batch` records an event (1: each as a
-    /// [`TailEvent::Record`]). Fails when the topic's metadata cannot be
-    /// read.
+    /// Starts reading every partition of `topic` from `start`, giving each
+    /// record to `sink` and telling `events` when it caught up. Fails when
+    /// the topic's metadata cannot be read.
     pub fn start(
         info: &LinkInfo,
         topic: &str,
         start: TailStart,
         reader_name: &str,
-        batch: usize,
+        sink: TailSink,
         events: mpsc::Sender<TailEvent>,
     ) -> anyhow::Result<TopicTail> {
         let mut config = info.admin_config();
@@ -163,7 +184,7 @@ impl TopicTail {
                     &consumer,
                     &topic_name,
                     partitions,
-                    batch.max(1),
+                    sink,
                     &events,
                     &thread_stop,
                 );
@@ -202,74 +223,54 @@ impl Drop for TopicTail {
     }
 }
 
-/// Sends the records read and not sent yet; false when the receiver is
-/// gone.
-fn flush(events: &mpsc::Sender<TailEvent>, pending: &mut Vec<InputRecord>) -> bool {
-    let event = match pending.len() {
-        0 => return true,
-        1 => match pending.pop() {
-            Some(record) => TailEvent::Record(record),
-            None => return true,
-        },
-        _ => TailEvent::Records(std::mem::take(pending)),
-    };
-    events.blocking_send(event).is_ok()
-}
-
 /// Where a reader's time went until it caught up (logged at debug).
 #[derive(Default)]
 struct ReadStats {
     records: u64,
     empty_polls: u64,
     polling: Duration,
-    sending: Duration,
+    /// Sending to the channel, or applying.
+    handling: Duration,
 }
 
 fn poll_loop(
     consumer: &TailConsumer,
     topic: &str,
     partitions: Vec<i32>,
-    batch: usize,
+    mut sink: TailSink,
     events: &mpsc::Sender<TailEvent>,
     stop: &AtomicBool,
 ) {
     let mut not_at_end: HashSet<i32> = partitions.into_iter().collect();
     let mut caught_up = false;
     let mut last_error: Option<String> = None;
-    let mut pending: Vec<InputRecord> = Vec::new();
     let started = std::time::Instant::now();
     let mut stats = ReadStats::default();
     while !stop.load(Ordering::SeqCst) {
-        // Records waiting to be sent go as soon as none more is ready.
-        let wait = if pending.is_empty() {
-            POLL
-        } else {
-            Duration::ZERO
-        };
         let polled_at = std::time::Instant::now();
-        let polled = consumer.poll(wait);
+        let polled = consumer.poll(POLL);
         stats.polling += polled_at.elapsed();
         let event = match polled {
             None => {
                 stats.empty_polls += 1;
-                let sent_at = std::time::Instant::now();
-                if !flush(events, &mut pending) {
-                    return;
-                }
-                stats.sending += sent_at.elapsed();
                 continue;
             }
             Some(Ok(message)) => {
                 last_error = None;
                 stats.records += 1;
-                pending.push(InputRecord::from_borrowed(&message));
-                if pending.len() >= batch {
-                    let sent_at = std::time::Instant::now();
-                    if !flush(events, &mut pending) {
-                        return;
+                let handled_at = std::time::Instant::now();
+                match &mut sink {
+                    TailSink::Send => {
+                        let record = InputRecord::from_borrowed(&message);
+                        // librdkafka's buffer goes back before the wait.
+                        drop(message);
+                        if events.blocking_send(TailEvent::Record(record)).is_err() {
+                            return;
+                        }
                     }
-                    stats.sending += sent_at.elapsed();
+                    TailSink::Apply(apply) => apply(RecordView::of_message(&message)),
                 }
+                stats.handling += handled_at.elapsed();
                 continue;
             }
             Some(Err(KafkaError::PartitionEOF(partition))) => {
@@ -278,10 +279,7 @@ fn poll_loop(
                     continue;
                 }
                 caught_up = true;
-                if !flush(events, &mut pending) {
-                    return;
-                }
-                tracing::debug!(%topic, seconds = started.elapsed().as_secs_f64(), records = stats.records, polling_s = stats.polling.as_secs_f64(), sending_s = stats.sending.as_secs_f64(), empty_polls = stats.empty_polls, "reader at the end of every partition");
+                tracing::debug!(%topic, seconds = started.elapsed().as_secs_f64(), records = stats.records, polling_s = stats.polling.as_secs_f64(), handling_s = stats.handling.as_secs_f64(), sink = ?sink, empty_polls = stats.empty_polls, "reader at the end of every partition");
                 TailEvent::CaughtUp
             }
             Some(Err(error)) => {
