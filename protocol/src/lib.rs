@@ -88,6 +88,27 @@ impl Kind {
     }
 }
 
+/// The encoded length of the `Deliver` frame that carries `message` with
+/// `delivery_id`, whatever its sequence number (counted at its largest):
+/// what a node checks against a connection's frame limit before it hands a
+/// message to the connection, so that a message that can never fit is
+/// refused at once rather than ending the connection.
+pub fn deliver_frame_len(delivery_id: &str, message: &v1::Message) -> usize {
+    use prost::Message as _;
+    use prost::encoding::encoded_len_varint;
+    // Field tags of 1..15 take one byte; a `u64` varint at most ten.
+    let message_len = message.encoded_len();
+    let deliver_len = 1
+        + 10
+        + 1
+        + encoded_len_varint(delivery_id.len() as u64)
+        + delivery_id.len()
+        + 1
+        + encoded_len_varint(message_len as u64)
+        + message_len;
+    1 + encoded_len_varint(deliver_len as u64) + deliver_len
+}
+
 /// Checks a process id: not empty, at most [`MAX_PROCESS_ID_BYTES`], no
 /// control characters.
 pub fn check_process_id(id: &str) -> Result<(), String> {
@@ -104,4 +125,34 @@ pub fn check_process_id(id: &str) -> Result<(), String> {
         return Err(format!("the process id {id:?} contains control characters"));
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use prost::Message as _;
+
+    #[test]
+    fn the_deliver_frame_length_is_the_encoded_one_at_the_largest_sequence_number() {
+        for value_len in [0, 1, 127, 128, 16_383, 16_384, 1_100_000] {
+            let message = v1::Message {
+                key: Some(bytes::Bytes::from_static(b"key")),
+                value: vec![7u8; value_len].into(),
+                topic: "business".to_string(),
+                offset: 12,
+                ..v1::Message::default()
+            };
+            let frame = |seq| {
+                Frame::of(Kind::Deliver(v1::Deliver {
+                    seq,
+                    delivery_id: "business/0/12".to_string(),
+                    message: Some(message.clone()),
+                }))
+                .encoded_len()
+            };
+            let counted = deliver_frame_len("business/0/12", &message);
+            assert_eq!(counted, frame(u64::MAX), "value of {value_len} bytes");
+            assert!(counted >= frame(1));
+        }
+    }
 }

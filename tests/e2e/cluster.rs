@@ -824,6 +824,130 @@ async fn the_example_client_prints_deliveries_as_json_lines_and_replies() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_send_with_a_header_of_the_relays_own_is_refused_naming_it_and_never_written() {
+    let kafka = Tansu::start();
+    kafka.create_topic(BUSINESS, 1).await;
+    let node = RelayProcess::start(&node_config("node-a", &kafka.bootstrap(), ""), &[]);
+    let config = wasmrelay_client::ClientConfig::new(vec![client_addr(&node)], "forger")
+        .with_token(support::client_tokens::token("forger"));
+    let (client, _events) = wasmrelay_client::Client::connect(config).await.unwrap();
+    for name in [
+        "wasmrelay-delivery-id",
+        "WasmRelay-Origin-Process",
+        "wasmrelay-mac",
+    ] {
+        let mut forged = wasmrelay_client::OutgoingMessage::new("forged");
+        forged.headers.push((name.to_string(), "x".into()));
+        match client.send(forged).await {
+            Err(wasmrelay_client::SendError::Rejected(error)) => {
+                assert!(
+                    error.contains(&format!("header `{name}` is reserved")),
+                    "{error}"
+                );
+            }
+            other => panic!("a send with header {name} was not refused: {other:?}"),
+        }
+    }
+    // The connection is fine, and a send without one goes through.
+    let mut honest = wasmrelay_client::OutgoingMessage::new("honest");
+    honest.headers.push(("trace".to_string(), "abc".into()));
+    client.send(honest).await.expect("an honest send");
+    let replies = kafka
+        .consume_all("business.replies", 1, Duration::from_secs(30))
+        .await;
+    assert_eq!(replies.len(), 1);
+    // Nothing else is there (a forged record would come before the honest one).
+    let again = kafka
+        .consume_all("business.replies", 2, Duration::from_secs(3))
+        .await;
+    assert_eq!(again.len(), 1, "{again:?}");
+    assert_eq!(again[0].value.as_deref(), Some(&b"honest"[..]));
+    assert_eq!(
+        again[0].header("wasmrelay-origin-process"),
+        Some(&b"forger"[..])
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sends_pipelined_on_one_connection_reach_kafka_and_are_acknowledged_in_the_order_sent() {
+    use futures::{SinkExt as _, StreamExt as _};
+    use wasmrelay_protocol::{Frame, FrameCodec, Kind, v1};
+    const SENDS: u64 = 300;
+    let kafka = Tansu::start();
+    kafka.create_topic(BUSINESS, 1).await;
+    let node = RelayProcess::start(&node_config("node-a", &kafka.bootstrap(), ""), &[]);
+    // The frames themselves, all written at once: nothing but the node
+    // decides the order they are taken in.
+    let stream = tokio::net::TcpStream::connect(client_addr(&node))
+        .await
+        .unwrap();
+    let mut conn = tokio_util::codec::Framed::new(stream, FrameCodec::default());
+    conn.send(Frame::of(Kind::Hello(v1::Hello {
+        protocol_version: wasmrelay_protocol::PROTOCOL_VERSION,
+        process_id: "pipeliner".to_string(),
+        client_name: "test".to_string(),
+        token: support::client_tokens::token("pipeliner"),
+        ..v1::Hello::default()
+    })))
+    .await
+    .unwrap();
+    let welcome = conn.next().await.unwrap().unwrap();
+    assert!(
+        matches!(welcome.kind, Some(Kind::Welcome(_))),
+        "{welcome:?}"
+    );
+    for seq in 1..=SENDS {
+        conn.feed(Frame::of(Kind::Send(v1::Send {
+            seq,
+            key: Some("one-key".into()),
+            value: seq.to_string().into(),
+            ..v1::Send::default()
+        })))
+        .await
+        .unwrap();
+    }
+    conn.flush().await.unwrap();
+    let mut acked = Vec::new();
+    while acked.len() < SENDS as usize {
+        let frame = tokio::time::timeout(Duration::from_secs(30), conn.next())
+            .await
+            .expect("no SendAck within 30 s")
+            .unwrap()
+            .unwrap();
+        match frame.kind {
+            Some(Kind::SendAck(ack)) => {
+                assert!(ack.ok, "send {} refused: {}", ack.seq, ack.error);
+                acked.push(ack.seq);
+            }
+            Some(Kind::Ping(_) | Kind::Pong(_)) => {}
+            other => panic!("expected a SendAck, got {other:?}"),
+        }
+    }
+    assert_eq!(
+        acked,
+        (1..=SENDS).collect::<Vec<_>>(),
+        "acknowledged out of order"
+    );
+    let written = kafka
+        .consume_all("business.replies", SENDS as usize, Duration::from_secs(30))
+        .await;
+    let values: Vec<u64> = written
+        .iter()
+        .map(|r| {
+            std::str::from_utf8(r.value.as_deref().unwrap())
+                .unwrap()
+                .parse()
+                .unwrap()
+        })
+        .collect();
+    assert_eq!(
+        values,
+        (1..=SENDS).collect::<Vec<_>>(),
+        "written out of order"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn messages_for_no_process_are_retried_until_the_ttl_then_dead_lettered() {
     let kafka = Tansu::start();
     kafka.create_topic(BUSINESS, 1).await;

@@ -29,7 +29,11 @@ pub const RESCAN_INTERVAL: Duration = Duration::from_secs(10);
 
 /// Reads every key of `dir`: regular files (symlinks followed), hidden
 /// entries (`..data`, editors' temporary files) skipped, values trimmed of
-/// surrounding whitespace.
+/// surrounding whitespace. A file that is not UTF-8 text is a value with
+/// its bad bytes replaced by U+FFFD (as etcd values are read), so one bad
+/// file is one bad value that its reader refuses, naming its key
+/// ([`crate::kafka::LinkInfo::from_center_value`]), never a center that
+/// cannot be read at all.
 pub fn read_dir_values(dir: &Path) -> std::io::Result<BTreeMap<String, String>> {
     let mut values = BTreeMap::new();
     for entry in std::fs::read_dir(dir)? {
@@ -40,8 +44,9 @@ pub fn read_dir_values(dir: &Path) -> std::io::Result<BTreeMap<String, String>> 
         if name.starts_with('.') || !path.is_file() {
             continue;
         }
-        match std::fs::read_to_string(&path) {
-            Ok(text) => {
+        match std::fs::read(&path) {
+            Ok(bytes) => {
+                let text = String::from_utf8_lossy(&bytes);
                 values.insert(name.to_string(), text.trim().to_string());
             }
             // Removed between listing and reading: the next event re-reads.
@@ -243,6 +248,29 @@ mod tests {
         drop(center);
         tasks.close();
         tasks.wait().await;
+    }
+
+    #[test]
+    fn a_file_that_is_not_utf8_is_one_bad_value_not_an_unreadable_center() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(
+            dir.path().join("kafka.main"),
+            b"{\"bootstrap.servers\": \"k:9092\"}",
+        )
+        .unwrap();
+        std::fs::write(
+            dir.path().join("kafka.bad"),
+            b"{\"bootstrap.servers\": \"\xff\xfe\"}",
+        )
+        .unwrap();
+        let values = read_dir_values(dir.path()).expect("the directory reads");
+        assert_eq!(values["kafka.main"], "{\"bootstrap.servers\": \"k:9092\"}");
+        let problem = crate::kafka::LinkInfo::from_center_value(
+            &values["kafka.bad"],
+            &crate::kafka::CenterPolicy::default(),
+        )
+        .unwrap_err();
+        assert!(problem.contains("not UTF-8 text"), "{problem}");
     }
 
     #[test]

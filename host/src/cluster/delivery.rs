@@ -73,6 +73,9 @@ pub enum ForwardError {
     /// It could not be queued: no usable link to the node now.
     #[error("{0}")]
     NotQueued(String),
+    /// It is larger than a mesh frame may be: it can never be forwarded.
+    #[error("{0}")]
+    TooLarge(String),
     /// The process is not connected to that node (any more).
     #[error("not connected to node {node} (any more): {reason}")]
     NotHere {
@@ -136,6 +139,21 @@ pub enum AttemptFailure {
     Forwarded(ForwardError),
 }
 
+impl AttemptFailure {
+    /// True when no later attempt can do better (the message can never
+    /// fit a frame): it is dead-lettered at once.
+    fn is_permanent(&self) -> bool {
+        matches!(
+            self,
+            AttemptFailure::NotConnected(DeliverError::TooLarge { .. })
+                | AttemptFailure::NotForwarded {
+                    source: ForwardError::TooLarge(_),
+                    ..
+                }
+        )
+    }
+}
+
 /// Delivers messages to processes in the cluster.
 #[derive(Debug)]
 pub struct ClusterDelivery {
@@ -175,6 +193,11 @@ impl ClusterDelivery {
     ) -> BoxFuture<'static, DeliveryEnd> {
         let delivery_id = input.delivery_id();
         let message = to_wire(input, message);
+        // A message that can never fit a frame to a process is not tried.
+        if let Err(unfit) = self.gateway.check_fits(&delivery_id, &message) {
+            tracing::warn!(process = %process_id, %delivery_id, %unfit, "dead-lettering a message that can never be delivered");
+            return futures::future::ready(DeliveryEnd::GaveUp(unfit.to_string())).boxed();
+        }
         let first = self.attempt(&process_id, &delivery_id, &message).await;
         let this = self.clone();
         async move {
@@ -189,6 +212,9 @@ impl ClusterDelivery {
                 };
                 let reason = match result {
                     Ok(()) => return DeliveryEnd::Delivered,
+                    Err(reason) if reason.is_permanent() => {
+                        return DeliveryEnd::GaveUp(reason.to_string());
+                    }
                     Err(reason) => reason,
                 };
                 // The time to live is spent before giving up: the last pause

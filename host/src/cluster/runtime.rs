@@ -21,7 +21,7 @@ use super::routes::{RouteTable, follow_routes, publish_routes, refresh_routes};
 use crate::config::ClusterConfig;
 use crate::gateway::{Gateway, GatewayOptions, Upstream};
 use crate::kafka::admin::{TopicSpec, ensure_topics};
-use crate::kafka::tail::{TailEvent, TailStart, TopicTail};
+use crate::kafka::tail::{TailEvent, TailSink, TailStart, TopicTail};
 use crate::link::KafkaLink;
 use crate::telemetry::metrics::RelayMetrics;
 use wasmrelay_protocol::mesh_auth::{Purpose, purpose_key};
@@ -32,8 +32,6 @@ const ROUTES_PARTITIONS: i32 = 6;
 const TOPIC_TIMEOUT: Duration = Duration::from_secs(30);
 /// Records buffered between a topic reader thread and its task.
 const TAIL_BUFFER: usize = 4096;
-/// Route records per channel item at most (see [`TopicTail::start`]).
-const ROUTES_BATCH: usize = 512;
 
 /// The listeners of a cluster node, bound before anything starts (port 0
 /// is resolved when they are bound).
@@ -211,12 +209,14 @@ impl ClusterRuntime {
             &config.heartbeat_topic,
             TailStart::End,
             &format!("{node_id}-heartbeats"),
-            1,
+            TailSink::Send,
             heartbeats_tx,
         )
         .context("reading the heartbeat topic")?;
-        // As many records buffered as the heartbeats', in batches.
-        let (routes_tx, routes_rx) = mpsc::channel::<TailEvent>(TAIL_BUFFER / ROUTES_BATCH);
+        // The reader thread applies the route records itself; the channel
+        // only says when it caught up.
+        let (routes_tx, routes_rx) = mpsc::channel::<TailEvent>(1);
+        let routes_read = Arc::new(std::sync::atomic::AtomicU64::new(0));
         // The catch-up is timed from here: the reader fetches while the
         // node checks for a twin, before the table's task starts.
         let routes_started = std::time::Instant::now();
@@ -225,7 +225,7 @@ impl ClusterRuntime {
             &config.routes_topic,
             TailStart::Beginning,
             &format!("{node_id}-routes"),
-            ROUTES_BATCH,
+            super::routes::apply_to_table(routes.clone(), routes_read.clone()),
             routes_tx,
         ) {
             Ok(tail) => tail,
@@ -246,6 +246,7 @@ impl ClusterRuntime {
         tasks.spawn(follow_routes(
             routes.clone(),
             routes_rx,
+            routes_read,
             view.clone(),
             routes_started,
             stop.clone(),
@@ -578,8 +579,11 @@ impl Forwarder for Mesh {
         delivery_id: String,
         message: wasmrelay_protocol::v1::Message,
     ) -> Result<futures::future::BoxFuture<'static, Result<(), ForwardError>>, ForwardError> {
-        let outcome = Mesh::forward(self, node, process_id, delivery_id, message)
-            .map_err(|e| ForwardError::NotQueued(e.to_string()))?;
+        let outcome =
+            Mesh::forward(self, node, process_id, delivery_id, message).map_err(|e| match e {
+                super::mesh::MeshError::TooLarge { .. } => ForwardError::TooLarge(e.to_string()),
+                _ => ForwardError::NotQueued(e.to_string()),
+            })?;
         let node = node.to_string();
         Ok(Box::pin(async move {
             match outcome.await {

@@ -4,7 +4,9 @@
 //!
 //! The record keeps the process's key, value and headers, and gains
 //! `wasmrelay-origin-process`, `wasmrelay-origin-node`, and, when the send
-//! answers a delivery, `wasmrelay-delivery-id`.
+//! answers a delivery, `wasmrelay-delivery-id`. A send carrying a header of
+//! the relay's own (`wasmrelay-*`, [`headers::is_reserved`]) is refused,
+//! naming it: a process cannot forge an origin, a delivery id or a MAC.
 
 use std::sync::Arc;
 
@@ -15,7 +17,7 @@ use wasmrelay_protocol::v1;
 use crate::flow::chain::PluginChain;
 use crate::flow::headers;
 use crate::flow::retry::Attempt;
-use crate::gateway::{Upstream, UpstreamError};
+use crate::gateway::{Accepted, Upstream, UpstreamError};
 use crate::kafka::{InputRecord, OutputRecord};
 use crate::link::KafkaLink;
 use crate::telemetry::metrics::FlowMetrics;
@@ -40,7 +42,15 @@ impl Upstream for FlowUpstream {
         &self,
         process_id: &str,
         send: v1::Send,
-    ) -> BoxFuture<'static, Result<(), UpstreamError>> {
+    ) -> BoxFuture<'static, Result<Accepted, UpstreamError>> {
+        if let Some(header) = send.headers.iter().find(|h| headers::is_reserved(&h.name)) {
+            let refused = UpstreamError::Refused(format!(
+                "header `{}` is reserved: names starting with `{}` are set by the relay, not by a process",
+                header.name,
+                headers::RESERVED_PREFIX
+            ));
+            return futures::future::ready(Err(refused)).boxed();
+        }
         let mut record = OutputRecord {
             key: send.key.map(|k| k.to_vec()),
             value: Some(send.value.to_vec()),
@@ -85,17 +95,31 @@ impl Upstream for FlowUpstream {
                     });
                 }
             };
+            // Enqueued in order; acknowledged whenever Kafka gets to them.
+            let mut acks = Vec::with_capacity(records.len());
             for record in records {
-                link.producer()
-                    .send(&topic, &record)
+                let ack = link
+                    .producer()
+                    .enqueue(&topic, &record)
                     .await
                     .map_err(|source| UpstreamError::Produce {
                         topic: topic.clone(),
                         source,
                     })?;
-                metrics.returned.inc();
+                acks.push(ack);
             }
-            Ok(())
+            let accepted: Accepted = async move {
+                for ack in acks {
+                    ack.await.map_err(|source| UpstreamError::Produce {
+                        topic: topic.clone(),
+                        source,
+                    })?;
+                    metrics.returned.inc();
+                }
+                Ok(())
+            }
+            .boxed();
+            Ok(accepted)
         }
         .boxed()
     }

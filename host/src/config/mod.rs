@@ -15,6 +15,7 @@
 //! Relative paths in the config (`plugins.dir`) are used as they are, that
 //! is, relative to the relay's working directory.
 
+mod duration;
 mod interpolate;
 mod schema;
 mod secret;
@@ -433,6 +434,29 @@ dead_letter_topic = "dlq"
             matches!(&err, ConfigError::Parse { key, .. } if key == "flows[0].deliverr"),
             "{err:?}"
         );
+    }
+
+    #[test]
+    fn a_duration_over_a_year_is_refused_naming_its_key() {
+        let dir = plugins_dir(&["json-enrich"]);
+        // Parsed, it would panic the node when first added to a clock.
+        let text = format!(
+            "shutdown_grace = \"500000000years\"\n{}",
+            config_text(dir.path(), "")
+        );
+        let msg = parse_err(&text).to_string();
+        assert!(msg.contains("shutdown_grace"), "{msg}");
+        assert!(
+            msg.contains("is too long: a duration here is at most 1year"),
+            "{msg}"
+        );
+        let text = config_text(dir.path(), "[flows.retry]\nbudget = \"400days\"");
+        let msg = parse_err(&text).to_string();
+        assert!(msg.contains("flows[0].retry.budget"), "{msg}");
+        assert!(msg.contains("is too long"), "{msg}");
+        // A year is still a duration.
+        let text = config_text(dir.path(), "[flows.retry]\nbudget = \"365days\"");
+        assert!(parse(&text, "relay.toml", &no_env).is_ok());
     }
 
     #[test]

@@ -39,7 +39,7 @@ pub struct RelayConfig {
     #[serde(default)]
     pub cluster: Option<ClusterConfig>,
     /// How long a graceful shutdown may take to finish in-flight work.
-    #[serde(default = "default_shutdown_grace", with = "humantime_serde")]
+    #[serde(default = "default_shutdown_grace", with = "super::duration")]
     pub shutdown_grace: Duration,
 }
 
@@ -83,12 +83,12 @@ pub struct AdminConfig {
     pub allow_unauthenticated: bool,
     /// How long a client may take to send a whole request head (request
     /// line and headers) from its first byte; then the connection is closed.
-    #[serde(default = "default_admin_header_timeout", with = "humantime_serde")]
+    #[serde(default = "default_admin_header_timeout", with = "super::duration")]
     pub header_timeout: Duration,
     /// How long a connection may stay open with no request in progress and
     /// nothing sent (a keep-alive connection between requests, or one that
     /// never sends anything); then it is closed.
-    #[serde(default = "default_admin_idle_timeout", with = "humantime_serde")]
+    #[serde(default = "default_admin_idle_timeout", with = "super::duration")]
     pub idle_timeout: Duration,
     /// Admin connections open at once, at most; a connection beyond them is
     /// closed as soon as it is accepted (counted in
@@ -135,7 +135,7 @@ pub struct PluginsConfig {
     #[serde(default = "default_true")]
     pub watch: bool,
     /// Longest one plugin call may run.
-    #[serde(default = "default_call_deadline", with = "humantime_serde")]
+    #[serde(default = "default_call_deadline", with = "super::duration")]
     pub call_deadline: Duration,
     /// Largest memory of one plugin instance, in MiB.
     #[serde(default = "default_memory_cap_mib")]
@@ -199,14 +199,14 @@ pub struct DirCenterConfig {
     /// The directory.
     pub dir: PathBuf,
     /// How long a link waits at start for its key before the relay gives up.
-    #[serde(default = "default_wait_for_key", with = "humantime_serde")]
+    #[serde(default = "default_wait_for_key", with = "super::duration")]
     pub wait_for_key: Duration,
     /// How long a new cluster may take to answer before a switch is refused.
-    #[serde(default = "default_probe_timeout", with = "humantime_serde")]
+    #[serde(default = "default_probe_timeout", with = "super::duration")]
     pub probe_timeout: Duration,
     /// How long the old cluster is drained after a switch; what is left
     /// there after that is reported.
-    #[serde(default = "default_drain_timeout", with = "humantime_serde")]
+    #[serde(default = "default_drain_timeout", with = "super::duration")]
     pub drain_timeout: Duration,
     /// The directory files named by a center value (`ssl.ca.location`,
     /// `ssl.certificate.location`, `ssl.key.location`, `ssl.crl.location`,
@@ -241,14 +241,14 @@ pub struct EtcdCenterConfig {
     #[serde(default)]
     pub allow_plaintext_password: bool,
     /// How long a link waits at start for its key before the relay gives up.
-    #[serde(default = "default_wait_for_key", with = "humantime_serde")]
+    #[serde(default = "default_wait_for_key", with = "super::duration")]
     pub wait_for_key: Duration,
     /// How long a new cluster may take to answer before a switch is refused.
-    #[serde(default = "default_probe_timeout", with = "humantime_serde")]
+    #[serde(default = "default_probe_timeout", with = "super::duration")]
     pub probe_timeout: Duration,
     /// How long the old cluster is drained after a switch; what is left
     /// there after that is reported.
-    #[serde(default = "default_drain_timeout", with = "humantime_serde")]
+    #[serde(default = "default_drain_timeout", with = "super::duration")]
     pub drain_timeout: Duration,
     /// The directory files named by a center value (`ssl.ca.location`,
     /// `ssl.certificate.location`, `ssl.key.location`, `ssl.crl.location`,
@@ -401,7 +401,7 @@ pub struct ClusterTarget {
     pub router: Option<String>,
     /// How long a message whose process is not connected (or whose delivery
     /// failed) is retried before it is dead-lettered.
-    #[serde(default = "default_delivery_ttl", with = "humantime_serde")]
+    #[serde(default = "default_delivery_ttl", with = "super::duration")]
     pub ttl: Duration,
 }
 
@@ -474,16 +474,16 @@ pub struct ClusterConfig {
     #[serde(default)]
     pub alarm_topic: Option<String>,
     /// How often each node publishes its heartbeat.
-    #[serde(default = "default_heartbeat_interval", with = "humantime_serde")]
+    #[serde(default = "default_heartbeat_interval", with = "super::duration")]
     pub heartbeat_interval: Duration,
     /// A node is live while its heartbeats arrive within this time.
-    #[serde(default = "default_node_timeout", with = "humantime_serde")]
+    #[serde(default = "default_node_timeout", with = "super::duration")]
     pub node_timeout: Duration,
     /// How often a node writes the routes of its processes again
     /// (anti-entropy: a node that missed a route record learns it within
     /// this period), spread over half of it; they are also written at once
     /// when the node rejoins after others saw it as not live.
-    #[serde(default = "default_route_refresh_interval", with = "humantime_serde")]
+    #[serde(default = "default_route_refresh_interval", with = "super::duration")]
     pub route_refresh_interval: Duration,
     /// The alarm fires while fewer nodes than this are live.
     #[serde(default = "default_min_live_nodes")]
@@ -517,14 +517,14 @@ pub struct ClusterConfig {
     #[serde(default = "default_rebalance_rate")]
     pub rebalance_rate: u32,
     /// How often the node checks the imbalance condition.
-    #[serde(default = "default_rebalance_interval", with = "humantime_serde")]
+    #[serde(default = "default_rebalance_interval", with = "super::duration")]
     pub rebalance_interval: Duration,
     /// Processes must send something at least this often; a connection
     /// silent for three times this is closed.
-    #[serde(default = "default_keepalive", with = "humantime_serde")]
+    #[serde(default = "default_keepalive", with = "super::duration")]
     pub keepalive: Duration,
     /// How long a new connection may take to say Hello.
-    #[serde(default = "default_hello_timeout", with = "humantime_serde")]
+    #[serde(default = "default_hello_timeout", with = "super::duration")]
     pub hello_timeout: Duration,
     /// Frames queued for one connection before it is closed as too slow.
     #[serde(default = "default_send_queue")]
@@ -536,7 +536,7 @@ pub struct ClusterConfig {
     /// How long deliveries may wait for a process that answers none of its
     /// unacknowledged deliveries before it is disconnected as too slow (its
     /// deliveries are then retried wherever it reconnects).
-    #[serde(default = "default_slow_consumer_timeout", with = "humantime_serde")]
+    #[serde(default = "default_slow_consumer_timeout", with = "super::duration")]
     pub slow_consumer_timeout: Duration,
     /// Largest frame accepted from processes and nodes, in bytes.
     #[serde(default = "default_max_frame_bytes")]
@@ -636,7 +636,7 @@ pub struct AppTarget {
     /// URL the message value is POSTed to (`http://127.0.0.1:8080/calls`).
     pub url: String,
     /// Time allowed for one request.
-    #[serde(default = "default_app_timeout", with = "humantime_serde")]
+    #[serde(default = "default_app_timeout", with = "super::duration")]
     pub timeout: Duration,
     /// Most requests in flight to the application across all partitions.
     #[serde(default = "default_app_concurrency")]
@@ -653,13 +653,13 @@ pub struct AppTarget {
 #[serde(deny_unknown_fields)]
 pub struct RetryConfig {
     /// First wait after a failure.
-    #[serde(default = "default_initial_backoff", with = "humantime_serde")]
+    #[serde(default = "default_initial_backoff", with = "super::duration")]
     pub initial_backoff: Duration,
     /// Longest wait between two attempts.
-    #[serde(default = "default_max_backoff", with = "humantime_serde")]
+    #[serde(default = "default_max_backoff", with = "super::duration")]
     pub max_backoff: Duration,
     /// Total time spent retrying one message before it is dead-lettered.
-    #[serde(default = "default_retry_budget", with = "humantime_serde")]
+    #[serde(default = "default_retry_budget", with = "super::duration")]
     pub budget: Duration,
 }
 

@@ -49,3 +49,45 @@ pub const DLQ_NODE: &str = "wasmrelay-dlq-node";
 pub const ORIGIN_PROCESS: &str = "wasmrelay-origin-process";
 /// Upstream records: the node the process was connected to.
 pub const ORIGIN_NODE: &str = "wasmrelay-origin-node";
+
+/// The prefix of every header the relay sets on records: a header a
+/// business process sends may not start with it (any case), so that no
+/// client can pass for the relay (an origin, a delivery id, a dead letter's
+/// reason, a MAC).
+pub const RESERVED_PREFIX: &str = "wasmrelay-";
+
+/// True for a header name only the relay may set.
+pub fn is_reserved(name: &str) -> bool {
+    name.len() >= RESERVED_PREFIX.len()
+        && name.as_bytes()[..RESERVED_PREFIX.len()].eq_ignore_ascii_case(RESERVED_PREFIX.as_bytes())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_header_the_relay_sets_on_records_is_reserved_in_any_case() {
+        for name in [
+            ORIGIN_TOPIC,
+            ORIGIN_PARTITION,
+            ORIGIN_OFFSET,
+            ORIGIN_KEY,
+            DELIVERY_ID,
+            DLQ_REASON,
+            DLQ_STAGE,
+            DLQ_FLOW,
+            DLQ_TIME_MS,
+            DLQ_NODE,
+            ORIGIN_PROCESS,
+            ORIGIN_NODE,
+            "wasmrelay-mac",
+            "WasmRelay-Delivery-Id",
+        ] {
+            assert!(is_reserved(name), "{name}");
+        }
+        for name in ["trace", "wasmrelay", "x-wasmrelay-flow", "traceparent", ""] {
+            assert!(!is_reserved(name), "{name}");
+        }
+    }
+}

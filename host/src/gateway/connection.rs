@@ -26,6 +26,7 @@ use wasmrelay_protocol::v1::{self, ErrorCode};
 use wasmrelay_protocol::{CodecError, Frame, FrameCodec, Kind, PROTOCOL_VERSION};
 
 use super::session::{DeliveryResult, Ending, Session};
+use super::upstream_sends::OrderedSends;
 use super::{Gateway, Placement};
 use crate::net::Stream;
 
@@ -197,6 +198,9 @@ pub(crate) async fn serve_connection(
     let writer = tokio::spawn(write_frames(framed, outbound_rx, session.clone()));
     let idle_timeout = options.keepalive * 3;
     let sends = Arc::new(Semaphore::new(options.max_unacked));
+    // Started at the first Send: a connection that never sends has no task
+    // for it.
+    let mut upstream_sends: Option<OrderedSends> = None;
     loop {
         let next = tokio::select! {
             _ = session.closed().cancelled() => break,
@@ -240,13 +244,17 @@ pub(crate) async fn serve_connection(
             }
             Ok(Some(Ok(frame))) => frame,
         };
-        if let Err((code, reason)) = handle_frame(&gateway, &session, frame, &sends).await {
+        if let Err((code, reason)) =
+            handle_frame(&gateway, &session, frame, &sends, &mut upstream_sends).await
+        {
             gateway.stats().protocol_error();
             tracing::info!(process = %session.process_id(), %peer, %reason, "protocol violation; closing the connection");
             session.close(code, reason);
             break;
         }
     }
+    // The sends taken are still answered, while the writer lasts.
+    drop(upstream_sends);
     gateway.unregister(&session);
     let reason = session.ending().map_or_else(
         || "the connection ended".to_string(),
@@ -263,6 +271,7 @@ async fn handle_frame(
     session: &Arc<Session>,
     frame: Frame,
     sends: &Arc<Semaphore>,
+    upstream_sends: &mut Option<OrderedSends>,
 ) -> Result<(), (ErrorCode, String)> {
     match frame.kind {
         Some(Kind::Ack(ack)) => answer(session, ack.seq, DeliveryResult::Acked, "Ack"),
@@ -282,18 +291,9 @@ async fn handle_frame(
             let Ok(permit) = sends.clone().acquire_owned().await else {
                 return Ok(());
             };
-            let seq = send.seq;
-            let upstream = gateway.upstream().send(session.process_id(), send);
-            let session = session.clone();
-            gateway.send_tasks().spawn(async move {
-                let result = upstream.await;
-                drop(permit);
-                let (ok, error) = match result {
-                    Ok(()) => (true, String::new()),
-                    Err(error) => (false, error.to_string()),
-                };
-                session.send_frame(Frame::of(Kind::SendAck(v1::SendAck { seq, ok, error })));
-            });
+            upstream_sends
+                .get_or_insert_with(|| OrderedSends::start(gateway, session))
+                .push(send, permit);
             Ok(())
         }
         Some(other) => Err((

@@ -18,6 +18,7 @@
 pub mod auth;
 mod connection;
 pub mod session;
+mod upstream_sends;
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -105,15 +106,31 @@ impl Default for GatewayOptions {
 }
 
 /// Where upstream sends of processes go (the cluster flow's data-return
-/// chain and output topic). Resolves when the message is safely in Kafka.
+/// chain and output topic).
+///
+/// The sends of one connection are taken one after the other, in the order
+/// the process sent them (the next is not taken before the one before is
+/// on its way), and acknowledged in that order: what one process sends
+/// with one key reaches Kafka in order, as with Kafka's own idempotent
+/// producer, while many are in flight at once.
 pub trait Upstream: Send + Sync + 'static {
-    /// Handles one `Send` of `process_id`; the error's text is the reason
-    /// sent back in the `SendAck`.
+    /// Takes one `Send` of `process_id`: resolves once the message is on
+    /// its way (through the plugins and in the producer's queue), to an
+    /// [`Accepted`] that resolves when Kafka has it. Either error's text is
+    /// the reason sent back in the `SendAck`.
     fn send(
         &self,
         process_id: &str,
         send: v1::Send,
-    ) -> BoxFuture<'static, Result<(), UpstreamError>>;
+    ) -> BoxFuture<'static, Result<Accepted, UpstreamError>>;
+}
+
+/// A send on its way: resolves when Kafka has it.
+pub type Accepted = BoxFuture<'static, Result<(), UpstreamError>>;
+
+/// An [`Accepted`] for a send that needs no more waiting.
+pub fn already_written() -> Accepted {
+    Box::pin(std::future::ready(Ok(())))
 }
 
 /// Why an upstream send was not taken.
@@ -397,7 +414,7 @@ impl Gateway {
         self.sends.wait().await;
     }
 
-    /// Where the tasks that wait for an upstream send's acknowledgement run.
+    /// Where each connection's task of upstream sends runs.
     pub(crate) fn send_tasks(&self) -> &TaskTracker {
         &self.sends
     }
@@ -412,10 +429,22 @@ impl Gateway {
         delivery_id: String,
         message: v1::Message,
     ) -> Result<oneshot::Receiver<DeliveryResult>, DeliverError> {
+        self.check_fits(&delivery_id, &message)?;
         let session = self
             .session(process_id)
             .ok_or_else(|| DeliverError::NotHere(process_id.to_string()))?;
         Ok(session.deliver(delivery_id, message).await)
+    }
+
+    /// Whether `message` fits in a frame to a process (see
+    /// [`DeliverError::TooLarge`]).
+    pub fn check_fits(&self, delivery_id: &str, message: &v1::Message) -> Result<(), DeliverError> {
+        let bytes = wasmrelay_protocol::deliver_frame_len(delivery_id, message);
+        let max = self.options.max_frame_bytes;
+        if bytes > max {
+            return Err(DeliverError::TooLarge { bytes, max });
+        }
+        Ok(())
     }
 
     /// The session of `process_id`, if it is connected here.

@@ -42,6 +42,17 @@ pub enum DeliverError {
     /// No process with this id is connected to this node.
     #[error("process `{0}` is not connected to this node")]
     NotHere(String),
+    /// The message would not fit in a frame to a process: it can never be
+    /// delivered (and is refused before any connection sees it).
+    #[error(
+        "the message is {bytes} bytes as a delivery frame, more than the {max} bytes a frame to a process may have (max_frame_bytes): it can never be delivered"
+    )]
+    TooLarge {
+        /// Its `Deliver` frame's length.
+        bytes: usize,
+        /// The gateway's `max_frame_bytes`.
+        max: usize,
+    },
 }
 
 /// Why the node ends a session.

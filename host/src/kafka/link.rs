@@ -85,6 +85,10 @@ impl LinkInfo {
     /// properties the relay manages are refused. The error names the
     /// property that is wrong and never quotes a secret value.
     pub fn from_center_value(value: &str, policy: &CenterPolicy) -> Result<LinkInfo, String> {
+        // Centers read bytes that are not UTF-8 with U+FFFD in their place.
+        if value.contains(char::REPLACEMENT_CHARACTER) {
+            return Err("not UTF-8 text (its bad bytes read as U+FFFD)".into());
+        }
         let parsed: serde_json::Value =
             serde_json::from_str(value).map_err(|e| format!("not JSON: {e}"))?;
         let serde_json::Value::Object(object) = parsed else {

@@ -4,10 +4,14 @@
 //!
 //! It also owns the sandbox: the WASI context grants nothing (no preopened
 //! directories, no environment, no sockets), guest stdout and stderr go to
-//! the relay's log, and the memory cap is enforced by [`MemoryCap`].
+//! the relay's log, and the memory cap is enforced by [`MemoryCap`]. What a
+//! plugin logs (its `log` calls and its output lines) is rate-limited per
+//! plugin version ([`LogLimiter`]) and each line cut to [`LOG_LINE_BYTES`]:
+//! a plugin logging in a loop cannot flood the relay's log or slow it down.
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
+use std::time::Instant;
 
 use bytes::Bytes;
 use wasmtime::component::ResourceTable;
@@ -21,11 +25,83 @@ use super::error::VersionLabel;
 /// A plugin's own config values (`key=value` entries set by the flow that uses it).
 pub type PluginConfig = BTreeMap<String, String>;
 
-/// What every instance of one plugin version shares: who it is and its config.
+/// What every instance of one plugin version shares: who it is, its config
+/// and its log's rate limit.
 #[derive(Debug)]
 pub(crate) struct InstanceIdentity {
     pub(crate) label: VersionLabel,
     pub(crate) config: Arc<PluginConfig>,
+    pub(crate) log_limit: Arc<LogLimiter>,
+}
+
+/// Log lines a plugin version may write a second, on average.
+pub(crate) const LOG_LINES_PER_SECOND: u32 = 100;
+/// Log lines a plugin version may write at once after a quiet time.
+pub(crate) const LOG_BURST: u32 = 200;
+/// The longest log line of a plugin kept, in bytes (the rest is cut).
+pub(crate) const LOG_LINE_BYTES: usize = 4096;
+
+/// A token bucket over the log lines of one plugin version: what it drops
+/// it counts, and the next line let through says how many went.
+#[derive(Debug)]
+pub(crate) struct LogLimiter {
+    bucket: Mutex<LogBucket>,
+}
+
+#[derive(Debug)]
+struct LogBucket {
+    tokens: f64,
+    at: Instant,
+    dropped: u64,
+}
+
+impl Default for LogLimiter {
+    fn default() -> Self {
+        LogLimiter {
+            bucket: Mutex::new(LogBucket {
+                tokens: f64::from(LOG_BURST),
+                at: Instant::now(),
+                dropped: 0,
+            }),
+        }
+    }
+}
+
+impl LogLimiter {
+    /// Whether a line may be written at `now`: `Some(n)` with the lines
+    /// dropped since the last one written, `None` when this one is dropped.
+    pub(crate) fn admit(&self, now: Instant) -> Option<u64> {
+        let mut bucket = self.bucket.lock().unwrap_or_else(|e| e.into_inner());
+        let refill = now.saturating_duration_since(bucket.at).as_secs_f64()
+            * f64::from(LOG_LINES_PER_SECOND);
+        bucket.tokens = (bucket.tokens + refill).min(f64::from(LOG_BURST));
+        bucket.at = now;
+        if bucket.tokens < 1.0 {
+            bucket.dropped += 1;
+            return None;
+        }
+        bucket.tokens -= 1.0;
+        Some(std::mem::take(&mut bucket.dropped))
+    }
+}
+
+/// `line` cut to [`LOG_LINE_BYTES`] (at a character boundary), saying so.
+fn cut(line: &str) -> std::borrow::Cow<'_, str> {
+    if line.len() <= LOG_LINE_BYTES {
+        return line.into();
+    }
+    let mut end = LOG_LINE_BYTES;
+    while !line.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}… ({} bytes cut)", &line[..end], line.len() - end).into()
+}
+
+/// Says that a plugin's log lines were dropped, when some were.
+fn report_dropped(plugin: &VersionLabel, dropped: u64) {
+    if dropped > 0 {
+        tracing::warn!(%plugin, dropped, "dropped log lines of a plugin over its rate limit ({LOG_LINES_PER_SECOND} a second, bursts of {LOG_BURST})");
+    }
 }
 
 /// The data of one instance's `Store`.
@@ -39,8 +115,8 @@ pub(crate) struct HostState {
 
 impl HostState {
     pub(crate) fn new(identity: Arc<InstanceIdentity>, memory_cap: u64) -> Self {
-        let stdout = GuestOutput::new(identity.label.clone(), "stdout");
-        let stderr = GuestOutput::new(identity.label.clone(), "stderr");
+        let stdout = GuestOutput::new(&identity, "stdout");
+        let stderr = GuestOutput::new(&identity, "stderr");
         // The builder grants nothing by default; say so explicitly for the
         // parts that matter, so a wasmtime default changing cannot widen it.
         let wasi = WasiCtx::builder()
@@ -72,6 +148,11 @@ impl WasiView for HostState {
 impl Host for HostState {
     fn log(&mut self, level: LogLevel, message: String) {
         let plugin = &self.identity.label;
+        let Some(dropped) = self.identity.log_limit.admit(Instant::now()) else {
+            return;
+        };
+        report_dropped(plugin, dropped);
+        let message = cut(&message);
         match level {
             LogLevel::Trace => tracing::trace!(%plugin, "{message}"),
             LogLevel::Debug => tracing::debug!(%plugin, "{message}"),
@@ -167,16 +248,18 @@ pub(crate) struct GuestOutput {
 
 struct OutputBuffer {
     label: VersionLabel,
+    log_limit: Arc<LogLimiter>,
     stream: &'static str,
     pending_line: Vec<u8>,
     tail: Vec<u8>,
 }
 
 impl GuestOutput {
-    fn new(label: VersionLabel, stream: &'static str) -> Self {
+    fn new(identity: &InstanceIdentity, stream: &'static str) -> Self {
         GuestOutput {
             inner: Arc::new(Mutex::new(OutputBuffer {
-                label,
+                label: identity.label.clone(),
+                log_limit: identity.log_limit.clone(),
                 stream,
                 pending_line: Vec::new(),
                 tail: Vec::new(),
@@ -204,8 +287,12 @@ impl GuestOutput {
         buffer.pending_line.extend_from_slice(bytes);
         while let Some(newline) = buffer.pending_line.iter().position(|b| *b == b'\n') {
             let line: Vec<u8> = buffer.pending_line.drain(..=newline).collect();
+            let Some(dropped) = buffer.log_limit.admit(Instant::now()) else {
+                continue;
+            };
+            report_dropped(&buffer.label, dropped);
             let text = String::from_utf8_lossy(&line[..line.len() - 1]);
-            tracing::debug!(plugin = %buffer.label, stream = buffer.stream, "{text}");
+            tracing::debug!(plugin = %buffer.label, stream = buffer.stream, "{}", cut(&text));
         }
         if buffer.pending_line.len() > STDERR_TAIL_BYTES {
             // A guest writing without newlines must not grow this without bound.
@@ -250,4 +337,37 @@ impl OutputStream for GuestOutput {
 #[wasmtime_wasi::async_trait]
 impl Pollable for GuestOutput {
     async fn ready(&mut self) {}
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    #[test]
+    fn a_burst_passes_then_lines_are_dropped_counted_and_reported_with_the_next_one() {
+        let limit = LogLimiter::default();
+        let t0 = Instant::now();
+        for _ in 0..LOG_BURST {
+            assert_eq!(limit.admit(t0), Some(0));
+        }
+        for _ in 0..1000 {
+            assert_eq!(limit.admit(t0), None);
+        }
+        // A tenth of a second later: ten lines' worth, the first saying
+        // how many went before it.
+        let later = t0 + Duration::from_millis(100);
+        assert_eq!(limit.admit(later), Some(1000));
+        let admitted = (0..100).filter(|_| limit.admit(later).is_some()).count();
+        assert_eq!(admitted, 9);
+    }
+
+    #[test]
+    fn a_long_line_is_cut_at_a_character_boundary_saying_how_much_went() {
+        let line = "é".repeat(LOG_LINE_BYTES);
+        let cut = cut(&line);
+        assert!(cut.len() < LOG_LINE_BYTES + 40, "{}", cut.len());
+        assert!(cut.ends_with(&format!("… ({LOG_LINE_BYTES} bytes cut)")));
+        assert_eq!(super::cut("short"), "short");
+    }
 }

@@ -197,6 +197,7 @@ impl PluginVersion {
         let deadline_ticks = deadline.as_nanos().div_ceil(EPOCH_TICK.as_nanos()) as u64 + 1;
         let version = PluginVersion {
             identity: Arc::new(InstanceIdentity {
+                log_limit: Arc::default(),
                 label: VersionLabel {
                     name: name.to_string(),
                     sha256,

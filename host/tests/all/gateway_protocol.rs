@@ -18,7 +18,7 @@ use tokio_util::sync::CancellationToken;
 use wasmrelay::config::{TokenAlgorithm, TokenKeyConfig};
 use wasmrelay::gateway::auth::{TokenRequest, issue_token};
 use wasmrelay::gateway::{
-    ClientAuth, DeliveryResult, Gateway, GatewayOptions, Upstream, UpstreamError,
+    ClientAuth, DeliverError, DeliveryResult, Gateway, GatewayOptions, Upstream, UpstreamError,
 };
 use wasmrelay::telemetry::metrics::ClientAuthMetrics;
 use wasmrelay_protocol::v1::{self, ErrorCode};
@@ -28,7 +28,8 @@ const STEP: Duration = Duration::from_secs(5);
 /// The HS256 key the test nodes trust (in their key file).
 const KEY: &str = "gateway-test-key-0123456789abcdef-0123";
 
-/// Upstream that accepts every send whose value is not `fail`.
+/// Upstream that accepts every send whose value is not `fail`; one whose
+/// value is `slow:<n>` is acknowledged by "Kafka" after `n` ms.
 #[derive(Default)]
 struct CountingUpstream {
     sends: AtomicUsize,
@@ -39,15 +40,25 @@ impl Upstream for CountingUpstream {
         &self,
         _process_id: &str,
         send: v1::Send,
-    ) -> BoxFuture<'static, Result<(), UpstreamError>> {
+    ) -> BoxFuture<'static, Result<wasmrelay::gateway::Accepted, UpstreamError>> {
         self.sends.fetch_add(1, Ordering::Relaxed);
         let fail = send.value.as_ref() == b"fail";
+        let slow_ms = std::str::from_utf8(&send.value)
+            .ok()
+            .and_then(|v| v.strip_prefix("slow:"))
+            .and_then(|ms| ms.parse::<u64>().ok());
         async move {
             if fail {
-                Err(UpstreamError::Refused("refused by the test".to_string()))
-            } else {
-                Ok(())
+                return Err(UpstreamError::Refused("refused by the test".to_string()));
             }
+            Ok(match slow_ms {
+                Some(ms) => async move {
+                    tokio::time::sleep(Duration::from_millis(ms)).await;
+                    Ok(())
+                }
+                .boxed(),
+                None => wasmrelay::gateway::already_written(),
+            })
         }
         .boxed()
     }
@@ -293,6 +304,65 @@ async fn deliveries_are_acked_and_nacked_in_order_and_sends_are_acknowledged() {
         next(&mut conn).await.unwrap().kind,
         Some(Kind::Pong(v1::Pong { nonce: 42 }))
     ));
+    node.stop.cancel();
+}
+
+#[tokio::test]
+async fn pipelined_sends_are_acknowledged_in_the_order_sent_whenever_kafka_has_them() {
+    let node = start(options()).await;
+    let mut conn = register(&node, "p-1").await;
+    // As many as may be in flight (max_unacked = 16), the first ones
+    // acknowledged by Kafka last.
+    let sends: Vec<u64> = (1..=16).collect();
+    for seq in &sends {
+        conn.feed(Frame::of(Kind::Send(v1::Send {
+            seq: *seq,
+            value: Bytes::from(format!("slow:{}", 5 * (17 - seq))),
+            ..v1::Send::default()
+        })))
+        .await
+        .unwrap();
+    }
+    conn.flush().await.unwrap();
+    let mut acked = Vec::new();
+    while acked.len() < sends.len() {
+        match next(&mut conn).await.unwrap().kind {
+            Some(Kind::SendAck(ack)) => {
+                assert!(ack.ok, "{}", ack.error);
+                acked.push(ack.seq);
+            }
+            other => panic!("expected a send ack, got {other:?}"),
+        }
+    }
+    assert_eq!(acked, sends);
+    node.stop.cancel();
+}
+
+#[tokio::test]
+async fn a_delivery_too_large_for_a_frame_is_refused_and_the_session_is_untouched() {
+    let node = start(options()).await;
+    let mut conn = register(&node, "p-1").await;
+    // max_frame_bytes = 4096.
+    let refused = node
+        .gateway
+        .deliver("p-1", "t/0/7".to_string(), message(&"x".repeat(5000)))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(refused, DeliverError::TooLarge { max: 4096, bytes } if bytes > 5000),
+        "{refused:?}"
+    );
+    assert!(
+        refused.to_string().contains("can never be delivered"),
+        "{refused}"
+    );
+    // The connection saw nothing of it and still serves.
+    still_served(&node, &mut conn, "p-1").await;
+    assert_eq!(
+        node.gateway.stats().accepted(),
+        1,
+        "the client did not reconnect"
+    );
     node.stop.cancel();
 }
 

@@ -26,7 +26,11 @@ const STEP: Duration = Duration::from_secs(5);
 struct NoUpstream;
 
 impl Upstream for NoUpstream {
-    fn send(&self, _: &str, _: v1::Send) -> BoxFuture<'static, Result<(), UpstreamError>> {
+    fn send(
+        &self,
+        _: &str,
+        _: v1::Send,
+    ) -> BoxFuture<'static, Result<wasmrelay::gateway::Accepted, UpstreamError>> {
         async {
             Err(UpstreamError::Refused(
                 "no upstream in this test".to_string(),

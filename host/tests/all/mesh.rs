@@ -44,7 +44,7 @@ impl Upstream for NoUpstream {
         &self,
         _process_id: &str,
         _send: v1::Send,
-    ) -> BoxFuture<'static, Result<(), UpstreamError>> {
+    ) -> BoxFuture<'static, Result<wasmrelay::gateway::Accepted, UpstreamError>> {
         async {
             Err(UpstreamError::Refused(
                 "no upstream in this test".to_string(),

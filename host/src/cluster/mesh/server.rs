@@ -408,10 +408,16 @@ async fn dispatch_forwards(
             .await
         {
             Ok(answer) => Box::pin(async move { forward_ack(seq, answer.await) }),
-            Err(error @ DeliverError::NotHere(_)) => {
+            Err(error) => {
+                let result = match error {
+                    DeliverError::NotHere(_) => ForwardResult::NotHere,
+                    // The sender checks with its own limit first; a node
+                    // with a smaller one refuses here.
+                    DeliverError::TooLarge { .. } => ForwardResult::Failed,
+                };
                 let frame = Frame::of(Kind::ForwardAck(v1::ForwardAck {
                     seq,
-                    result: ForwardResult::NotHere as i32,
+                    result: result as i32,
                     reason: error.to_string(),
                 }));
                 Box::pin(async move { frame })
