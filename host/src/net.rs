@@ -6,9 +6,11 @@
 
 use std::future::Future;
 use std::net::SocketAddr;
-use std::time::Duration;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
@@ -16,19 +18,53 @@ use tokio_util::task::TaskTracker;
 /// like) before trying again, so the loop does not spin.
 const ACCEPT_RETRY: Duration = Duration::from_millis(50);
 
+/// How often a listener at its connection cap says so, at most.
+const OVER_CAP_LOG_EVERY: Duration = Duration::from_secs(10);
+
+/// Open files a node keeps for everything but client connections (Kafka,
+/// the mesh, HTTP, plugins, logs).
+const FILES_KEPT_FOR_THE_REST: usize = 1024;
+
+/// The default cap on a listener's connections: what the process's open
+/// files limit leaves after [`FILES_KEPT_FOR_THE_REST`] (at least 64), so
+/// that clients can never take the files Kafka and HTTP need. Read from
+/// `/proc/self/limits`; 10,000 where that cannot be read.
+pub fn default_connection_cap() -> usize {
+    let soft_limit = std::fs::read_to_string("/proc/self/limits")
+        .ok()
+        .and_then(|limits| {
+            limits
+                .lines()
+                .find(|line| line.starts_with("Max open files"))
+                .and_then(|line| line.split_whitespace().nth(3))
+                .and_then(|soft| soft.parse::<usize>().ok())
+        });
+    match soft_limit {
+        Some(limit) => limit.saturating_sub(FILES_KEPT_FOR_THE_REST).max(64),
+        None => 10_000,
+    }
+}
+
 /// Accepts on `listener` until `shutdown`, running `serve(stream, peer)` as
-/// a task per connection; `what` names the listener in logs. Closes the
+/// a task per connection; `what` names the listener in logs. With a `cap`,
+/// at most that many connections are served at once (counted from accept,
+/// before any handshake): one over it is closed at once, and the listener
+/// says so in its log (at most every [`OVER_CAP_LOG_EVERY`]). Closes the
 /// listener, then returns when every connection task has ended.
 pub async fn accept_until<F, Fut>(
     listener: TcpListener,
     shutdown: CancellationToken,
     what: &str,
+    cap: Option<usize>,
     mut serve: F,
 ) where
     F: FnMut(TcpStream, SocketAddr) -> Fut,
     Fut: Future<Output = ()> + Send + 'static,
 {
     let connections = TaskTracker::new();
+    let slots = cap.map(|cap| (cap, Arc::new(Semaphore::new(cap))));
+    let mut refused_since_log = 0u64;
+    let mut last_log: Option<Instant> = None;
     loop {
         let accepted = tokio::select! {
             _ = shutdown.cancelled() => break,
@@ -36,7 +72,27 @@ pub async fn accept_until<F, Fut>(
         };
         match accepted {
             Ok((stream, peer)) => {
-                connections.spawn(serve(stream, peer));
+                let slot = match &slots {
+                    None => None,
+                    Some((cap, slots)) => match slots.clone().try_acquire_owned() {
+                        Ok(slot) => Some(slot),
+                        Err(_) => {
+                            drop(stream);
+                            refused_since_log += 1;
+                            if last_log.is_none_or(|at| at.elapsed() >= OVER_CAP_LOG_EVERY) {
+                                tracing::warn!(listener = what, %peer, cap, refused = refused_since_log, "closing new connections: the listener holds its maximum (max_connections)");
+                                refused_since_log = 0;
+                                last_log = Some(Instant::now());
+                            }
+                            continue;
+                        }
+                    },
+                };
+                let serving = serve(stream, peer);
+                connections.spawn(async move {
+                    serving.await;
+                    drop(slot);
+                });
             }
             Err(error) => {
                 tracing::warn!(%error, listener = what, "accepting a connection failed");

@@ -948,6 +948,52 @@ async fn sends_pipelined_on_one_connection_reach_kafka_and_are_acknowledged_in_t
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_message_too_large_for_a_frame_is_dead_lettered_at_once_and_the_session_is_untouched() {
+    let kafka = Tansu::start();
+    kafka.create_topic(BUSINESS, 1).await;
+    // Frames of at most 4 KiB to processes (and peers); the ttl is 30 s.
+    let config = node_config("node-a", &kafka.bootstrap(), "max_frame_bytes = 4096");
+    let node = RelayProcess::start(&config, &[]);
+    let mut pool = ProcessPool::default();
+    pool.connect(&[client_addr(&node)], "big", false).await;
+    let started = std::time::Instant::now();
+    kafka
+        .produce(
+            BUSINESS,
+            [
+                TestRecord::keyed("big", "x".repeat(10_000)),
+                TestRecord::keyed("big", "small, after it"),
+            ],
+        )
+        .await;
+    let dead = kafka
+        .consume_all("business.dlq", 1, Duration::from_secs(30))
+        .await;
+    assert_eq!(dead.len(), 1, "{dead:?}");
+    assert!(
+        started.elapsed() < Duration::from_secs(15),
+        "dead-lettered only after {:?} (the ttl is 30 s)",
+        started.elapsed()
+    );
+    let reason =
+        String::from_utf8(dead[0].header("wasmrelay-dlq-reason").unwrap().to_vec()).unwrap();
+    assert!(reason.contains("can never be delivered"), "{reason}");
+    assert!(reason.contains("4096"), "{reason}");
+    node.wait_for(
+        "the small message delivered",
+        Duration::from_secs(30),
+        || pool.count() == 1,
+    )
+    .await;
+    assert_eq!(pool.received()[0].value, b"small, after it");
+    // The session saw nothing of the large one: connected once, no error,
+    // no reconnect.
+    let events = pool.events();
+    assert_eq!(events.len(), 1, "{events:?}");
+    assert!(events[0].1.starts_with("Connected"), "{events:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn messages_for_no_process_are_retried_until_the_ttl_then_dead_lettered() {
     let kafka = Tansu::start();
     kafka.create_topic(BUSINESS, 1).await;

@@ -541,6 +541,12 @@ pub struct ClusterConfig {
     /// Largest frame accepted from processes and nodes, in bytes.
     #[serde(default = "default_max_frame_bytes")]
     pub max_frame_bytes: usize,
+    /// Client connections served at once at most, counted from accept
+    /// (before TLS and Hello); one more is closed at once. Default: the
+    /// process's open files limit less 1,024 kept for Kafka, the mesh and
+    /// HTTP.
+    #[serde(default)]
+    pub max_connections: Option<usize>,
 }
 
 /// How the client port authenticates a Hello (`cluster.client_auth`).

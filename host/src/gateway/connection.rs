@@ -195,7 +195,12 @@ pub(crate) async fn serve_connection(
 
     // Awaited when the connection ends.
     #[allow(clippy::disallowed_methods)]
-    let writer = tokio::spawn(write_frames(framed, outbound_rx, session.clone()));
+    let writer = tokio::spawn(write_frames(
+        framed,
+        outbound_rx,
+        session.clone(),
+        options.slow_consumer_timeout,
+    ));
     let idle_timeout = options.keepalive * 3;
     let sends = Arc::new(Semaphore::new(options.max_unacked));
     // Started at the first Send: a connection that never sends has no task
@@ -322,12 +327,19 @@ fn answer(
 
 /// Writes the session's queued frames, flushing when the queue runs dry;
 /// when the session ends, writes the last word (`Replaced` or `Error`) and
-/// closes the socket.
+/// closes the socket. A write that does not finish within `write_timeout`
+/// (a client that does not read) ends the session, and one still going
+/// when the session ends is cut short: a stuck client never keeps this
+/// task, nor the node's shutdown, waiting.
 async fn write_frames(
     mut sink: Sink,
     mut outbound: mpsc::Receiver<Box<Frame>>,
     session: Arc<Session>,
+    write_timeout: Duration,
 ) {
+    // A write cut short leaves part of a frame on the wire: no last word
+    // may follow it.
+    let mut cut_short = false;
     'outer: loop {
         let frame = tokio::select! {
             biased;
@@ -350,9 +362,37 @@ async fn write_frames(
                 Err(_) => break,
             }
         }
-        if sink.flush().await.is_err() {
-            break;
+        let flushed = {
+            let flush = tokio::time::timeout(write_timeout, sink.flush());
+            tokio::pin!(flush);
+            tokio::select! {
+                flushed = &mut flush => flushed,
+                // Ending: the write under way gets a farewell's time.
+                _ = session.closed().cancelled() => {
+                    match tokio::time::timeout(FAREWELL_TIMEOUT, &mut flush).await {
+                        Ok(flushed) => flushed,
+                        Err(_) => {
+                            cut_short = true;
+                            break;
+                        }
+                    }
+                }
+            }
+        };
+        match flushed {
+            Ok(Ok(())) => {}
+            Ok(Err(_)) => break,
+            Err(_) => {
+                cut_short = true;
+                session.end(Ending::ClientGone(format!(
+                    "nothing could be written to the client for {write_timeout:?}: it does not read"
+                )));
+                break;
+            }
         }
+    }
+    if cut_short {
+        return;
     }
     let last_word = match session.ending() {
         Some(Ending::Replaced(reason)) => Some(Frame::of(Kind::Replaced(v1::Replaced { reason }))),

@@ -64,6 +64,9 @@ pub struct GatewayOptions {
     /// connected here is refused (`NODE_FULL`) or placed elsewhere when
     /// this many are connected.
     pub quota: usize,
+    /// Connections served at once at most, Hello or not: one more is
+    /// closed at once (see [`crate::net::accept_until`]).
+    pub max_connections: usize,
 }
 
 /// Where a new process should be accepted (see [`PlacementPolicy`]).
@@ -101,6 +104,7 @@ impl Default for GatewayOptions {
             max_frame_bytes: wasmrelay_protocol::DEFAULT_MAX_FRAME_BYTES,
             tls: None,
             quota: usize::MAX,
+            max_connections: crate::net::default_connection_cap(),
         }
     }
 }
@@ -404,6 +408,7 @@ impl Gateway {
             listener,
             shutdown.clone(),
             "clients",
+            Some(self.options.max_connections),
             move |stream, peer| {
                 gateway.stats.accepted.fetch_add(1, Ordering::Relaxed);
                 connection::serve_connection(gateway.clone(), stream, peer, shutdown.clone())

@@ -69,6 +69,8 @@ struct Node {
     upstream: Arc<CountingUpstream>,
     addr: std::net::SocketAddr,
     stop: CancellationToken,
+    /// The gateway's `serve`: ends once every connection has.
+    served: tokio::task::JoinHandle<()>,
     /// Refused Hellos by reason.
     refused: ClientAuthMetrics,
     /// The trusted key's file.
@@ -97,12 +99,13 @@ async fn start(options: GatewayOptions) -> Node {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let stop = CancellationToken::new();
-    tokio::spawn(gateway.clone().serve(listener, stop.clone()));
+    let served = tokio::spawn(gateway.clone().serve(listener, stop.clone()));
     Node {
         gateway,
         upstream,
         addr,
         stop,
+        served,
         refused,
         key_file,
         _keys: keys,
@@ -120,6 +123,7 @@ fn options() -> GatewayOptions {
         max_frame_bytes: 4096,
         tls: None,
         quota: usize::MAX,
+        max_connections: 1000,
     }
 }
 
@@ -364,6 +368,60 @@ async fn a_delivery_too_large_for_a_frame_is_refused_and_the_session_is_untouche
         "the client did not reconnect"
     );
     node.stop.cancel();
+}
+
+#[tokio::test]
+async fn a_client_that_never_reads_is_cut_off_and_does_not_hold_up_the_shutdown() {
+    let mut options = options();
+    options.slow_consumer_timeout = Duration::from_millis(500);
+    // Room for every Pong: only the socket can be full, not the queue.
+    options.send_queue = 25_000_000;
+    let node = start(options).await;
+    // A small receive window: the node's side fills after a few KiB.
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket.set_recv_buffer_size(4096).unwrap();
+    let mut conn = Framed::new(
+        socket.connect(node.addr).await.unwrap(),
+        FrameCodec::default(),
+    );
+    conn.send(hello("deaf", 1)).await.unwrap();
+    assert!(matches!(
+        next(&mut conn).await.unwrap().kind,
+        Some(Kind::Welcome(_))
+    ));
+    let mut stream = conn.into_inner();
+    // Pings, never reading the Pongs: the node's socket buffer fills, and
+    // its writer cannot finish a write.
+    let ping = FrameCodec::default()
+        .encode_to_vec(&Frame::of(Kind::Ping(v1::Ping { nonce: 1 })))
+        .unwrap();
+    let burst: Vec<u8> = ping
+        .iter()
+        .copied()
+        .cycle()
+        .take(ping.len() * 100_000)
+        .collect();
+    let writing = tokio::spawn(async move {
+        for _ in 0..200 {
+            if stream.write_all(&burst).await.is_err() {
+                break;
+            }
+        }
+        stream
+    });
+    tokio::time::timeout(Duration::from_secs(30), async {
+        while node.gateway.session("deaf").is_some() {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await
+    .expect("a client that does not read was not cut off");
+    node.stop.cancel();
+    tokio::time::timeout(STEP, node.served)
+        .await
+        .expect("the shutdown waited for a client that does not read")
+        .unwrap();
+    writing.abort();
 }
 
 #[tokio::test]
@@ -748,6 +806,41 @@ fn placed_hello(process_id: &str, accepts_redirect: bool, redirects: u32) -> Fra
         token: token(KEY, process_id),
         redirects,
     }))
+}
+
+#[tokio::test]
+async fn connections_over_the_cap_are_closed_at_once_and_a_freed_slot_is_taken_again() {
+    let node = start(GatewayOptions {
+        max_connections: 2,
+        ..options()
+    })
+    .await;
+    let p1 = register(&node, "p-1").await;
+    // Counted from accept: one that has not said Hello holds a slot too.
+    let silent = connect(&node).await;
+    let mut over = connect(&node).await;
+    assert!(
+        next(&mut over).await.is_none(),
+        "a third connection was served"
+    );
+    drop(p1);
+    wait_until(|| node.gateway.session("p-1").is_none()).await;
+    // The freed slot serves the next one (the closing may take a moment).
+    let mut served = false;
+    for _ in 0..50 {
+        let mut conn = connect(&node).await;
+        conn.send(hello("p-2", 1)).await.unwrap();
+        if let Some(Ok(frame)) = tokio::time::timeout(STEP, conn.next()).await.unwrap()
+            && matches!(frame.kind, Some(Kind::Welcome(_)))
+        {
+            served = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(served, "no slot came free");
+    drop(silent);
+    node.stop.cancel();
 }
 
 #[tokio::test]

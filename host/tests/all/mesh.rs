@@ -96,6 +96,7 @@ async fn start_on(options: MeshOptions, mesh_addr: SocketAddr) -> Node {
             max_frame_bytes: MAX_FRAME,
             tls: None,
             quota: usize::MAX,
+            max_connections: 1000,
         },
         // The mesh is under test here, not client authentication.
         wasmrelay::gateway::ClientAuth::none(),

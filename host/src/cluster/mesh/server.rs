@@ -84,9 +84,10 @@ pub(super) async fn serve(mesh: Arc<Mesh>, listener: TcpListener, shutdown: Canc
         "mesh",
         shutdown.clone(),
     );
-    let accepting = crate::net::accept_until(listener, shutdown.clone(), "mesh", |stream, peer| {
-        serve_link(mesh.clone(), stream, peer, shutdown.clone())
-    });
+    let accepting =
+        crate::net::accept_until(listener, shutdown.clone(), "mesh", None, |stream, peer| {
+            serve_link(mesh.clone(), stream, peer, shutdown.clone())
+        });
     tokio::join!(accepting, on_shutdown, watching_cert);
 }
 
