@@ -319,6 +319,58 @@ async fn app_errors_are_retried_or_dead_lettered_and_nothing_is_missing() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_answer_too_large_for_kafka_is_dead_lettered_without_it_and_the_partition_goes_on() {
+    const COUNT: usize = 20;
+    let kafka = Tansu::start();
+    kafka.create_topic(INPUT, 1).await;
+    // n == 3: a 2 MB answer, over librdkafka's message.max.bytes (1 MB),
+    // for the data-return and for a dead letter carrying it.
+    let app = TestApp::start(|receipt| {
+        if n_of(receipt) == 3 {
+            let body = json!({"n": 3, "pad": "x".repeat(2_000_000)});
+            (200, body.to_string().into_bytes(), vec![])
+        } else {
+            answer_ok(receipt)
+        }
+    })
+    .await;
+    let relay = RelayProcess::start(&config(&kafka, &app.url, r#""json-enrich""#, ""), &[]);
+    kafka.produce(INPUT, inputs(COUNT)).await;
+    let returns = kafka
+        .consume_all(OUTPUT, COUNT - 1, Duration::from_secs(60))
+        .await;
+    let dead = kafka.consume_all(DLQ, 1, Duration::from_secs(60)).await;
+    assert_eq!(returns.len(), COUNT - 1, "relay log:\n{}", relay.log());
+    assert_eq!(dead.len(), 1, "relay log:\n{}", relay.log());
+    let dead = &dead[0];
+    assert_eq!(header_str(dead, "wasmrelay-dlq-stage"), "produce");
+    assert!(
+        header_str(dead, "wasmrelay-dlq-reason").contains("too large"),
+        "{}",
+        header_str(dead, "wasmrelay-dlq-reason")
+    );
+    let dropped = header_str(dead, "wasmrelay-dlq-dropped");
+    assert!(
+        dropped.contains("too large for the dead-letter topic"),
+        "{dropped}"
+    );
+    assert_eq!(dead.value.as_deref(), Some(&[][..]));
+    assert_eq!(header_str(dead, "wasmrelay-origin-offset"), "3");
+    // The partition went on: every input committed.
+    let started = Instant::now();
+    while kafka.committed_offsets("wasmrelay-orders", INPUT).await
+        != BTreeMap::from([(0, COUNT as i64)])
+    {
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "the commit stopped at {:?}",
+            kafka.committed_offsets("wasmrelay-orders", INPUT).await
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn plugin_trap_and_timeout_dead_letter_the_message_and_the_flow_goes_on() {
     let kafka = Tansu::start();
     kafka.create_topic(INPUT, 1).await;

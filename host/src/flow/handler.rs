@@ -23,7 +23,9 @@ use rdkafka::error::KafkaError;
 use tokio_util::sync::CancellationToken;
 
 use super::chain::PluginChain;
-use super::dead_letter::{Stage, add_origin_headers, dead_letter_record};
+use super::dead_letter::{
+    DROPPED_HEADER, Stage, add_origin_headers, dead_letter_record, without_the_message,
+};
 use super::retry::{Retried, failure_reason, retry};
 use super::target::{Delivery, DeliveryEnd, DeliveryTarget};
 use crate::config::RetryConfig;
@@ -310,8 +312,9 @@ impl FlowHandler {
         Outcome::Finished
     }
 
-    /// Writes a dead letter until Kafka acknowledges it; false if aborted first.
-    async fn write_dead_letter(&self, record: OutputRecord, abort: &CancellationToken) -> bool {
+    /// Writes a dead letter until Kafka acknowledges it (without the
+    /// message once it is refused as too large); false if aborted first.
+    async fn write_dead_letter(&self, mut record: OutputRecord, abort: &CancellationToken) -> bool {
         loop {
             match self
                 .link
@@ -323,6 +326,11 @@ impl FlowHandler {
                     self.metrics.dead_lettered.inc();
                     return true;
                 }
+                Err(error) if is_too_large(&error) && record.header(DROPPED_HEADER).is_none() => {
+                    tracing::warn!(flow = %self.name, topic = %self.dead_letter_topic, %error, "a dead letter is too large for its topic; writing it without the message");
+                    record = without_the_message(&record);
+                    continue;
+                }
                 Err(error) => {
                     tracing::error!(flow = %self.name, topic = %self.dead_letter_topic, %error, "writing a dead letter failed; retrying");
                 }
@@ -333,6 +341,16 @@ impl FlowHandler {
             }
         }
     }
+}
+
+/// True when Kafka (or librdkafka, before sending) refused a record as
+/// larger than `message.max.bytes`: writing it again cannot help.
+fn is_too_large(error: &KafkaError) -> bool {
+    use rdkafka::types::RDKafkaErrorCode;
+    matches!(
+        error,
+        KafkaError::MessageProduction(RDKafkaErrorCode::MessageSizeTooLarge)
+    )
 }
 
 enum ChainRun {
