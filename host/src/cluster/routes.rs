@@ -851,23 +851,28 @@ impl super::mesh::LookupAnswerer for RouteTable {
 /// take one that was not written with the cluster secret.
 pub const DROP_ROUTE_ONCE_ENV: &str = "WASMRELAY_TEST_DROP_ROUTE_RECORD";
 
-/// What the routes topic's reader does with a record, on its thread:
-/// applies it to `table` (unless it is the one [`DROP_ROUTE_ONCE_ENV`]
-/// names: then it forgets the name), counting the records in `read`.
+/// What the routes topic's reader does, on its thread: makes room in
+/// `table` for the records the topic holds (before the first is read, so
+/// the maps never grow and copy themselves on the way), then applies each
+/// record (unless it is the one [`DROP_ROUTE_ONCE_ENV`] names: then it
+/// forgets the name), counting them in `read`.
 pub fn apply_to_table(table: Arc<RouteTable>, read: Arc<AtomicU64>) -> TailSink {
     let mut drop_once = std::env::var(DROP_ROUTE_ONCE_ENV).ok();
-    TailSink::Apply(Box::new(move |record| {
-        read.fetch_add(1, Ordering::Relaxed);
-        if record.value.is_some()
-            && drop_once
-                .as_deref()
-                .is_some_and(|p| record.key == Some(p.as_bytes()))
-        {
-            drop_once = None;
-            tracing::warn!(process = ?String::from_utf8_lossy(record.key.unwrap_or_default()), offset = record.offset, "dropping a route record ({DROP_ROUTE_ONCE_ENV})");
-            return;
-        }
-        table.apply_view(&record);
+    TailSink::ApplyWhenSized(Box::new(move |records_at_start| {
+        table.reserve(records_at_start.unwrap_or_default());
+        Box::new(move |record| {
+            read.fetch_add(1, Ordering::Relaxed);
+            if record.value.is_some()
+                && drop_once
+                    .as_deref()
+                    .is_some_and(|p| record.key == Some(p.as_bytes()))
+            {
+                drop_once = None;
+                tracing::warn!(process = ?String::from_utf8_lossy(record.key.unwrap_or_default()), offset = record.offset, "dropping a route record ({DROP_ROUTE_ONCE_ENV})");
+                return;
+            }
+            table.apply_view(&record);
+        })
     }))
 }
 

@@ -236,8 +236,6 @@ impl ClusterRuntime {
                 return Err(error.context("reading the routes topic"));
             }
         };
-        // Room for the routes about to be read, made once.
-        routes.reserve(routes_tail.records_at_start().unwrap_or_default());
         // The table reads while the node checks for a twin (that check
         // waits two heartbeat intervals, which the catch-up had waited too,
         // with the reader stopped on a full channel). Nothing it does needs
@@ -636,5 +634,8 @@ fn gateway_options(node_id: &str, cluster: &ClusterConfig) -> GatewayOptions {
         max_frame_bytes: cluster.max_frame_bytes,
         tls: None,
         quota: usize::try_from(cluster.connection_quota).unwrap_or(usize::MAX),
+        max_connections: cluster
+            .max_connections
+            .unwrap_or_else(crate::net::default_connection_cap),
     }
 }

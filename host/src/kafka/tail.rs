@@ -50,6 +50,11 @@ pub enum TailEvent {
 /// reader thread.
 pub type ApplyRecord = Box<dyn FnMut(RecordView<'_>) + Send>;
 
+/// Makes the [`ApplyRecord`] of a tail once the records the topic holds at
+/// start are known (see [`TopicTail::records_at_start`]): room for them can
+/// be made before the first one is read.
+pub type MakeApply = Box<dyn FnOnce(Option<u64>) -> ApplyRecord + Send>;
+
 /// What a tail does with the records it reads, in partition order.
 pub enum TailSink {
     /// Sends a copy of each to the channel ([`TailEvent::Record`]).
@@ -58,13 +63,15 @@ pub enum TailSink {
     /// [`TailEvent::CaughtUp`]. The function must not block for long:
     /// the reader waits for it.
     Apply(ApplyRecord),
+    /// As [`TailSink::Apply`], with the function made before reading starts.
+    ApplyWhenSized(MakeApply),
 }
 
 impl std::fmt::Debug for TailSink {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(match self {
             TailSink::Send => "Send",
-            TailSink::Apply(_) => "Apply",
+            TailSink::Apply(_) | TailSink::ApplyWhenSized(_) => "Apply",
         })
     }
 }
@@ -103,7 +110,11 @@ type TailConsumer = BaseConsumer<TailContext>;
 /// How long one poll waits.
 const POLL: Duration = Duration::from_millis(100);
 /// `queued.max.messages.kbytes` of a tail's consumer (see [`TopicTail::start`]).
-const QUEUED_KBYTES: u32 = 8 * 1024;
+const QUEUED_KBYTES: u32 = 2 * 1024;
+/// `fetch.queue.backoff.ms` of a tail's consumer (see [`TopicTail::start`]).
+const FETCH_QUEUE_BACKOFF_MS: u32 = 5;
+/// `fetch.max.bytes` of a tail's consumer (see [`TopicTail::start`]).
+const FETCH_MAX_BYTES: u32 = 1024 * 1024;
 
 impl TopicTail {
     /// Starts reading every partition of `topic` from `start`, giving each
@@ -129,6 +140,18 @@ impl TopicTail {
         // topic, and a few MiB keep the thread busy as well.
         if config.get("queued.max.messages.kbytes").is_none() {
             config.set("queued.max.messages.kbytes", QUEUED_KBYTES.to_string());
+        }
+        // Once the read-ahead is full, librdkafka waits this long before it
+        // fetches again (1 s by default): with a small read-ahead the thread
+        // then drains it and waits, most of the time of a large catch-up.
+        if config.get("fetch.queue.backoff.ms").is_none() {
+            config.set("fetch.queue.backoff.ms", FETCH_QUEUE_BACKOFF_MS.to_string());
+        }
+        // A fetch response is one buffer, freed once its last record is:
+        // small ones (50 MiB by default) keep what a large catch-up leaves
+        // behind in the allocator small too.
+        if config.get("fetch.max.bytes").is_none() {
+            config.set("fetch.max.bytes", FETCH_MAX_BYTES.to_string());
         }
         let consumer: TailConsumer = info
             .create_with_context(
@@ -174,6 +197,10 @@ impl TopicTail {
         consumer
             .assign(&assignment)
             .with_context(|| format!("assigning the partitions of `{topic}`"))?;
+        let sink = match sink {
+            TailSink::ApplyWhenSized(make) => TailSink::Apply(make(records_at_start)),
+            sink => sink,
+        };
         let stop = Arc::new(AtomicBool::new(false));
         let thread_stop = stop.clone();
         let topic_name = topic.to_string();
@@ -269,6 +296,8 @@ fn poll_loop(
                         }
                     }
                     TailSink::Apply(apply) => apply(RecordView::of_message(&message)),
+                    // Made into `Apply` before the thread starts.
+                    TailSink::ApplyWhenSized(_) => {}
                 }
                 stats.handling += handled_at.elapsed();
                 continue;
