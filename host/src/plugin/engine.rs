@@ -105,7 +105,9 @@ impl PluginRuntime {
             }
         };
         spawn_epoch_ticker(&engine);
-        let linker = build_linker(&engine)
+        // A sleep ends a little after the deadline, so that the guest's
+        // next instructions find it passed: the call ends as a timeout.
+        let linker = build_linker(&engine, limits.call_deadline + 3 * EPOCH_TICK)
             .map_err(|e| anyhow::anyhow!("filling the plugin linker: {e:#}"))?;
         Ok(PluginRuntime {
             inner: Arc::new(RuntimeInner {
@@ -178,11 +180,13 @@ fn spawn_epoch_ticker(engine: &Engine) {
 }
 
 /// The linker: the `host` interface, and WASI p2 (synchronous bindings) whose
-/// context grants nothing. Anything else a component imports fails to link,
+/// context grants nothing and whose sleeps last at most `longest_sleep`
+/// ([`super::sleep`]). Anything else a component imports fails to link,
 /// which is how a disallowed import is refused before a version is swapped in.
-fn build_linker(engine: &Engine) -> wasmtime::Result<Linker<HostState>> {
+fn build_linker(engine: &Engine, longest_sleep: Duration) -> wasmtime::Result<Linker<HostState>> {
     let mut linker = Linker::new(engine);
     wasmtime_wasi::p2::add_to_linker_sync(&mut linker)?;
+    super::sleep::cap_guest_sleeps(&mut linker, longest_sleep)?;
     bindings::processor::wasmrelay::plugin::host::add_to_linker::<HostState, HasSelf<HostState>>(
         &mut linker,
         |state| state,

@@ -15,6 +15,7 @@ pub mod engine;
 pub mod error;
 pub mod executor;
 pub mod registry;
+mod sleep;
 mod state;
 pub mod version;
 pub mod watcher;

@@ -108,7 +108,9 @@ fn report_dropped(plugin: &VersionLabel, dropped: u64) {
 pub(crate) struct HostState {
     identity: Arc<InstanceIdentity>,
     wasi: WasiCtx,
-    table: ResourceTable,
+    pub(crate) table: ResourceTable,
+    /// The zero of the guest's monotonic clock (see [`GuestClock`]).
+    pub(crate) clock: GuestClock,
     pub(crate) memory: MemoryCap,
     pub(crate) stderr: GuestOutput,
 }
@@ -117,6 +119,7 @@ impl HostState {
     pub(crate) fn new(identity: Arc<InstanceIdentity>, memory_cap: u64) -> Self {
         let stdout = GuestOutput::new(&identity, "stdout");
         let stderr = GuestOutput::new(&identity, "stderr");
+        let clock = GuestClock::default();
         // The builder grants nothing by default; say so explicitly for the
         // parts that matter, so a wasmtime default changing cannot widen it.
         let wasi = WasiCtx::builder()
@@ -125,11 +128,13 @@ impl HostState {
             .allow_tcp(false)
             .allow_udp(false)
             .allow_ip_name_lookup(false)
+            .monotonic_clock(clock)
             .build();
         HostState {
             identity,
             wasi,
             table: ResourceTable::new(),
+            clock,
             memory: MemoryCap::new(memory_cap),
             stderr,
         }
@@ -179,6 +184,40 @@ impl Host for HostState {
             .duration_since(std::time::UNIX_EPOCH)
             .map(|d| d.as_millis() as u64)
             .unwrap_or(0)
+    }
+}
+
+/// The guest's monotonic clock: nanoseconds since the instance was made.
+/// The host's own copy reads the same time as the guest's, so that a
+/// guest's `subscribe-instant` can be turned into a duration (see
+/// [`super::sleep`]).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct GuestClock {
+    zero: Instant,
+}
+
+impl Default for GuestClock {
+    fn default() -> Self {
+        GuestClock {
+            zero: Instant::now(),
+        }
+    }
+}
+
+impl GuestClock {
+    /// Nanoseconds since the clock's zero.
+    pub(crate) fn now_nanos(&self) -> u64 {
+        u64::try_from(self.zero.elapsed().as_nanos()).unwrap_or(u64::MAX)
+    }
+}
+
+impl wasmtime_wasi::HostMonotonicClock for GuestClock {
+    fn resolution(&self) -> u64 {
+        1
+    }
+
+    fn now(&self) -> u64 {
+        self.now_nanos()
     }
 }
 

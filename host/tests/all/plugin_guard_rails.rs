@@ -125,6 +125,37 @@ fn looping_plugin_is_stopped_at_its_deadline_while_others_are_served() {
 }
 
 #[test]
+fn sleeping_plugin_is_stopped_at_its_deadline_while_others_are_served() {
+    let runtime = runtime();
+    // It asks WASI's clock for an hour, a host call the epoch deadline
+    // cannot interrupt: the host's clock wakes it.
+    let sleeping = load(&runtime, "fault-sleep");
+    let ((error, elapsed), served) = served_meanwhile(&runtime, || {
+        let started = Instant::now();
+        let error = sleeping.process(&message("x")).unwrap_err();
+        (error, started.elapsed())
+    });
+    assert!(
+        matches!(&error, PluginError::Timeout { deadline, .. } if *deadline == DEADLINE),
+        "expected a timeout, got {error:?}"
+    );
+    assert!(error.to_string().contains("fault-sleep@"), "{error}");
+    assert!(elapsed >= DEADLINE, "stopped early, after {elapsed:?}");
+    assert!(
+        elapsed < DEADLINE + DEADLINE_MARGIN,
+        "stopped late, after {elapsed:?} (deadline {DEADLINE:?})"
+    );
+    assert!(
+        served > 0,
+        "no other call was served while the plugin slept"
+    );
+    assert!(matches!(
+        sleeping.process(&message("x")),
+        Err(PluginError::Timeout { .. })
+    ));
+}
+
+#[test]
 fn allocating_plugin_is_stopped_at_the_memory_cap_while_others_are_served() {
     let runtime = runtime_with_deadline(Duration::from_secs(30));
     let allocating = load(&runtime, "fault-alloc");
