@@ -363,6 +363,50 @@ async fn forwards_reach_a_process_on_another_node_in_order_and_their_acks_come_b
 }
 
 #[tokio::test]
+async fn a_process_that_does_not_keep_up_holds_back_only_its_own_forwards() {
+    let a = start("a", SECRET).await;
+    let b = start("b", SECRET).await;
+    link_all(&[&a, &b]);
+    wait_linked(&a, &["b"]).await;
+    // `slow` never acks: past its 256 unacknowledged deliveries, forwards
+    // to it wait on B (until the slow-consumer timeout, 5 s).
+    let _slow = register(&b, "slow").await;
+    let mut fast = register(&b, "fast").await;
+    let waiting: Vec<_> = (0..300)
+        .map(|n| {
+            a.mesh
+                .forward("b", "slow", format!("t/0/{n}"), message("for slow"))
+                .unwrap()
+        })
+        .collect();
+    let started = std::time::Instant::now();
+    let answers: Vec<_> = (0..20)
+        .map(|n| {
+            a.mesh
+                .forward("b", "fast", format!("t/1/{n}"), message("for fast"))
+                .unwrap()
+        })
+        .collect();
+    for n in 0..20 {
+        let deliver = next_delivery(&mut fast).await;
+        assert_eq!(deliver.delivery_id, format!("t/1/{n}"), "out of order");
+        fast.send(Frame::of(Kind::Ack(v1::Ack { seq: deliver.seq })))
+            .await
+            .unwrap();
+    }
+    for answer in answers {
+        assert_eq!(outcome(answer).await, ForwardOutcome::Delivered);
+    }
+    assert!(
+        started.elapsed() < Duration::from_secs(3),
+        "the fast process waited {:?} behind the slow one",
+        started.elapsed()
+    );
+    assert_eq!(a.mesh.linked(), vec!["b".to_string()], "the link broke");
+    drop(waiting);
+}
+
+#[tokio::test]
 async fn an_unknown_process_is_not_here_and_a_nack_or_a_lost_connection_fails() {
     let a = start("a", SECRET).await;
     let b = start("b", SECRET).await;

@@ -1,8 +1,10 @@
 //! Incoming links: accepting the peers' connections, authenticating each
 //! dialer's `MeshHello` and answering with a `MeshWelcome` (from then on
 //! every frame is sealed), then handing its `Forward`s to the gateway in the
-//! order they arrive and answering each with a `ForwardAck` when the
-//! process answers (in whatever order that happens), and answering each
+//! order they arrive for each process (a lane per process with forwards
+//! waiting, so one slow process holds back only its own) and answering each
+//! with a `ForwardAck` when the process answers (in whatever order that
+//! happens), and answering each
 //! `MeshLookup` at once with a `MeshLookupAnswer` (is the process connected
 //! here?).
 //!
@@ -392,42 +394,132 @@ async fn handshake(mesh: &Mesh, conn: &mut Conn) -> Result<v1::MeshHello, Refusa
     Ok(hello)
 }
 
-/// The answer of the gateway to forward `seq`, when it comes.
-/// Hands the link's forwards to the gateway one by one, in order, and sends
-/// back (as futures of their `ForwardAck`s) where each answer will come from.
+/// Forwards waiting in one process's lane at most; one more is answered
+/// `Failed` at once (the sender retries it), so a process that does not
+/// keep up never holds the link's other forwards nor its reading.
+const LANE_LIMIT: usize = 1024;
+
+/// The lanes of one link: the forwards waiting per process, in arrival
+/// order. A lane's task hands them to the gateway one after the other and
+/// ends, under the lock, once its lane is empty.
+type Lanes = Arc<Mutex<HashMap<String, std::collections::VecDeque<v1::Forward>>>>;
+
+/// Hands the link's forwards to the gateway, in arrival order per process
+/// and concurrently across processes, and sends back (as futures of their
+/// `ForwardAck`s) where each answer will come from.
 async fn dispatch_forwards(
     mesh: Arc<Mesh>,
     mut forwards: mpsc::Receiver<v1::Forward>,
     answers: mpsc::UnboundedSender<BoxFuture<'static, Frame>>,
 ) {
+    let lanes: Lanes = Arc::default();
+    // Dropped with this task when the link ends: a lane still waiting for
+    // its process's room stops there (the sender redelivers).
+    let mut tasks = tokio::task::JoinSet::new();
     while let Some(forward) = forwards.recv().await {
-        let seq = forward.seq;
-        let message = forward.message.unwrap_or_default();
-        let answer: BoxFuture<'static, Frame> = match mesh
-            .gateway()
-            .deliver(&forward.process_id, forward.delivery_id, message)
-            .await
-        {
-            Ok(answer) => Box::pin(async move { forward_ack(seq, answer.await) }),
-            Err(error) => {
-                let result = match error {
-                    DeliverError::NotHere(_) => ForwardResult::NotHere,
-                    // The sender checks with its own limit first; a node
-                    // with a smaller one refuses here.
-                    DeliverError::TooLarge { .. } => ForwardResult::Failed,
-                };
-                let frame = Frame::of(Kind::ForwardAck(v1::ForwardAck {
-                    seq,
-                    result: result as i32,
-                    reason: error.to_string(),
-                }));
-                Box::pin(async move { frame })
+        while tasks.try_join_next().is_some() {}
+        let start_lane = {
+            let mut lanes = lock(&lanes);
+            match lanes.get_mut(&forward.process_id) {
+                Some(lane) if lane.len() >= LANE_LIMIT => {
+                    let frame = Frame::of(Kind::ForwardAck(v1::ForwardAck {
+                        seq: forward.seq,
+                        result: ForwardResult::Failed as i32,
+                        reason: format!(
+                            "process `{}` has {LANE_LIMIT} forwards waiting here already",
+                            forward.process_id
+                        ),
+                    }));
+                    drop(lanes);
+                    if answers.send(Box::pin(async move { frame })).is_err() {
+                        return;
+                    }
+                    continue;
+                }
+                Some(lane) => {
+                    lane.push_back(forward);
+                    None
+                }
+                None => {
+                    let process_id = forward.process_id.clone();
+                    lanes.insert(
+                        process_id.clone(),
+                        std::collections::VecDeque::from([forward]),
+                    );
+                    Some(process_id)
+                }
             }
         };
+        if let Some(process_id) = start_lane {
+            tasks.spawn(run_lane(
+                mesh.clone(),
+                lanes.clone(),
+                process_id,
+                answers.clone(),
+            ));
+        }
+    }
+    // The peer stopped sending: the lanes finish what they hold.
+    tasks.join_all().await;
+}
+
+/// Hands the forwards of `process_id`'s lane to the gateway in order until
+/// the lane is empty, then removes it.
+async fn run_lane(
+    mesh: Arc<Mesh>,
+    lanes: Lanes,
+    process_id: String,
+    answers: mpsc::UnboundedSender<BoxFuture<'static, Frame>>,
+) {
+    loop {
+        let forward = {
+            let mut lanes = lock(&lanes);
+            let next = lanes.get_mut(&process_id).and_then(|lane| lane.pop_front());
+            match next {
+                Some(forward) => forward,
+                None => {
+                    lanes.remove(&process_id);
+                    return;
+                }
+            }
+        };
+        let answer = handed_to_gateway(&mesh, forward).await;
         if answers.send(answer).is_err() {
             return;
         }
     }
+}
+
+/// Hands one forward to the gateway (waiting while its process has no
+/// room): the future of its `ForwardAck`.
+async fn handed_to_gateway(mesh: &Mesh, forward: v1::Forward) -> BoxFuture<'static, Frame> {
+    let seq = forward.seq;
+    let message = forward.message.unwrap_or_default();
+    match mesh
+        .gateway()
+        .deliver(&forward.process_id, forward.delivery_id, message)
+        .await
+    {
+        Ok(answer) => Box::pin(async move { forward_ack(seq, answer.await) }),
+        Err(error) => {
+            let result = match error {
+                DeliverError::NotHere(_) => ForwardResult::NotHere,
+                // The sender checks with its own limit first; a node with a
+                // smaller one refuses here.
+                DeliverError::TooLarge { .. } => ForwardResult::Failed,
+            };
+            let frame = Frame::of(Kind::ForwardAck(v1::ForwardAck {
+                seq,
+                result: result as i32,
+                reason: error.to_string(),
+            }));
+            Box::pin(async move { frame })
+        }
+    }
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 /// The `ForwardAck` for the process's answer to forward `seq`.
