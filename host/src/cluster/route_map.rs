@@ -317,8 +317,8 @@ struct NodeEntry {
 
 #[derive(Debug, Default)]
 struct Nodes {
-    ids: HashMap<Arc<str>, NodeId>,
-    entries: HashMap<NodeId, NodeEntry>,
+    ids: HashMap<Arc<str>, NodeId, RandomState>,
+    entries: HashMap<NodeId, NodeEntry, RandomState>,
     next: NodeId,
     /// The live nodes, as last followed: read under the same lock as the
     /// entries, so that a name first seen while membership changes gets

@@ -438,6 +438,7 @@ impl RouteTable {
                 }
                 self.reassert_if_held(
                     process_id,
+                    self.local_route(process_id),
                     &Seen {
                         node: writer,
                         generation,
@@ -483,11 +484,13 @@ impl RouteTable {
                     // written again, or one that lost a race): not news.
                     tracing::debug!(process = %process_id, generation = route.generation, offset = record.offset, "ignoring a route older than the one known");
                 }
+                let local = self.local_route(process_id);
                 if newer && route.node != self.self_id {
-                    self.replace_if_older(process_id, &route.node, position);
+                    self.replace_if_older(process_id, local, &route.node, position);
                 }
                 self.reassert_if_held(
                     process_id,
+                    local,
                     &Seen {
                         node: &route.node,
                         generation: route.generation,
@@ -503,13 +506,24 @@ impl RouteTable {
             .set(i64::try_from(self.len()).unwrap_or(i64::MAX));
     }
 
+    /// The registration of `process_id` here, if it is connected here (one
+    /// lock, and none at all while nothing is connected here: a node's
+    /// catch-up at start).
+    fn local_route(&self, process_id: &str) -> Option<LocalRoute> {
+        let local = lock(&self.local);
+        if local.by_process.is_empty() {
+            return None;
+        }
+        local.by_process.get(process_id).copied()
+    }
+
     /// After reading `seen` for `process_id`: if the process is connected
     /// here and `seen` is neither this node's latest route for it nor a
     /// newer registration elsewhere, and it sits after this node's route in
     /// the topic, the route is written again, so that compaction (which
     /// keeps a key's last record) keeps the holder's route.
-    fn reassert_if_held(&self, process_id: &str, seen: &Seen<'_>) {
-        let Some(local) = lock(&self.local).by_process.get(process_id).copied() else {
+    fn reassert_if_held(&self, process_id: &str, local: Option<LocalRoute>, seen: &Seen<'_>) {
+        let Some(local) = local else {
             return;
         };
         let own = seen.node == self.self_id;
@@ -686,8 +700,13 @@ impl RouteTable {
         }
     }
 
-    fn replace_if_older(&self, process_id: &str, node: &str, position: Position) {
-        let local = lock(&self.local).by_process.get(process_id).copied();
+    fn replace_if_older(
+        &self,
+        process_id: &str,
+        local: Option<LocalRoute>,
+        node: &str,
+        position: Position,
+    ) {
         if let Some(LocalRoute {
             position: Some(local_position),
             ..
