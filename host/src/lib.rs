@@ -18,4 +18,5 @@ pub mod node;
 pub mod pending;
 pub mod plugin;
 pub mod telemetry;
+pub mod text;
 pub mod tls;

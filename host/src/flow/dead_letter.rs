@@ -43,18 +43,6 @@ pub const MAX_REASON_BYTES: usize = 4096;
 /// The dead letter header saying what [`without_the_message`] left out.
 pub const DROPPED_HEADER: &str = "wasmrelay-dlq-dropped";
 
-/// `reason` cut to [`MAX_REASON_BYTES`] at a character boundary, saying so.
-fn cut_reason(reason: &str) -> std::borrow::Cow<'_, str> {
-    if reason.len() <= MAX_REASON_BYTES {
-        return reason.into();
-    }
-    let mut end = MAX_REASON_BYTES;
-    while !reason.is_char_boundary(end) {
-        end -= 1;
-    }
-    format!("{}… ({} bytes cut)", &reason[..end], reason.len() - end).into()
-}
-
 /// `dead_letter` as it can still be written when it is too large for the
 /// dead-letter topic: no value and no key (each replaced by nothing), only
 /// the relay's own headers (origin, delivery id, reason, stage), and
@@ -107,7 +95,10 @@ pub fn dead_letter_record(
 ) -> OutputRecord {
     let mut record = failed;
     add_origin_headers(&mut record, input);
-    record.set_header(headers::DLQ_REASON, cut_reason(reason).as_bytes());
+    record.set_header(
+        headers::DLQ_REASON,
+        crate::text::cut_to(reason, MAX_REASON_BYTES).as_bytes(),
+    );
     record.set_header(headers::DLQ_STAGE, stage.to_string());
     record.set_header(headers::DLQ_FLOW, flow.as_bytes());
     record.set_header(headers::DLQ_NODE, node.as_bytes());

@@ -85,16 +85,9 @@ impl LogLimiter {
     }
 }
 
-/// `line` cut to [`LOG_LINE_BYTES`] (at a character boundary), saying so.
+/// `line` cut to [`LOG_LINE_BYTES`], saying so.
 fn cut(line: &str) -> std::borrow::Cow<'_, str> {
-    if line.len() <= LOG_LINE_BYTES {
-        return line.into();
-    }
-    let mut end = LOG_LINE_BYTES;
-    while !line.is_char_boundary(end) {
-        end -= 1;
-    }
-    format!("{}… ({} bytes cut)", &line[..end], line.len() - end).into()
+    crate::text::cut_to(line, LOG_LINE_BYTES)
 }
 
 /// Says that a plugin's log lines were dropped, when some were.

@@ -92,67 +92,44 @@ fn served_meanwhile<T>(runtime: &PluginRuntime, fault: impl FnOnce() -> T) -> (T
     (result, during)
 }
 
-#[test]
-fn looping_plugin_is_stopped_at_its_deadline_while_others_are_served() {
+/// Calls plugin `name` (which never finishes by itself) while others are
+/// served: it ends as a timeout at the deadline, naming the plugin, and
+/// ends so again when called again (the interrupted instance discarded).
+fn assert_stopped_at_the_deadline_while_others_are_served(name: &str) {
     let runtime = runtime();
-    let looping = load(&runtime, "fault-loop");
+    let fault = load(&runtime, name);
     let ((error, elapsed), served) = served_meanwhile(&runtime, || {
         let started = Instant::now();
-        let error = looping.process(&message("x")).unwrap_err();
+        let error = fault.process(&message("x")).unwrap_err();
         (error, started.elapsed())
     });
     assert!(
         matches!(&error, PluginError::Timeout { deadline, .. } if *deadline == DEADLINE),
         "expected a timeout, got {error:?}"
     );
-    assert!(error.to_string().contains("fault-loop@"), "{error}");
+    assert!(error.to_string().contains(&format!("{name}@")), "{error}");
     assert!(elapsed >= DEADLINE, "stopped early, after {elapsed:?}");
     assert!(
         elapsed < DEADLINE + DEADLINE_MARGIN,
         "stopped late, after {elapsed:?} (deadline {DEADLINE:?})"
     );
-    assert!(
-        served > 0,
-        "no other call was served while the plugin looped"
-    );
-
-    // The interrupted instance was discarded; the plugin can be called again
-    // (and is stopped again).
-    let again = looping.process(&message("x")).unwrap_err();
+    assert!(served > 0, "no other call was served while {name} ran");
+    let again = fault.process(&message("x")).unwrap_err();
     assert!(matches!(again, PluginError::Timeout { .. }), "{again:?}");
-    assert_eq!(looping.stats().errors, 2);
-    assert!(looping.stats().instances_created >= 2);
+    assert_eq!(fault.stats().errors, 2);
+    assert!(fault.stats().instances_created >= 2);
+}
+
+#[test]
+fn looping_plugin_is_stopped_at_its_deadline_while_others_are_served() {
+    assert_stopped_at_the_deadline_while_others_are_served("fault-loop");
 }
 
 #[test]
 fn sleeping_plugin_is_stopped_at_its_deadline_while_others_are_served() {
-    let runtime = runtime();
     // It asks WASI's clock for an hour, a host call the epoch deadline
     // cannot interrupt: the host's clock wakes it.
-    let sleeping = load(&runtime, "fault-sleep");
-    let ((error, elapsed), served) = served_meanwhile(&runtime, || {
-        let started = Instant::now();
-        let error = sleeping.process(&message("x")).unwrap_err();
-        (error, started.elapsed())
-    });
-    assert!(
-        matches!(&error, PluginError::Timeout { deadline, .. } if *deadline == DEADLINE),
-        "expected a timeout, got {error:?}"
-    );
-    assert!(error.to_string().contains("fault-sleep@"), "{error}");
-    assert!(elapsed >= DEADLINE, "stopped early, after {elapsed:?}");
-    assert!(
-        elapsed < DEADLINE + DEADLINE_MARGIN,
-        "stopped late, after {elapsed:?} (deadline {DEADLINE:?})"
-    );
-    assert!(
-        served > 0,
-        "no other call was served while the plugin slept"
-    );
-    assert!(matches!(
-        sleeping.process(&message("x")),
-        Err(PluginError::Timeout { .. })
-    ));
+    assert_stopped_at_the_deadline_while_others_are_served("fault-sleep");
 }
 
 #[test]
