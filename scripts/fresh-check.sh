@@ -30,7 +30,8 @@
 # What the root gets from this machine: the CA bundle and any local CA
 # certificates (so cargo and apt trust the same CAs), /etc/resolv.conf, an
 # /etc/hosts naming localhost (as an installed Debian has; debootstrap writes none),
-# /proc, /dev, /dev/pts, /sys, RUSTUP_HOME read-only and the rustup proxies
+# /proc, /dev, /dev/pts, /sys, RUSTUP_HOME (through an overlay: what rustup
+# adds in the root stays in the work directory) and the rustup proxies
 # (cargo, rustc, ...). It has its own CARGO_HOME (/root/.cargo, first on
 # PATH), so cargo-nextest, tansu and cargo-fuzz are installed inside it, as on
 # a fresh machine. Mounts are undone on exit, even on failure.
@@ -227,7 +228,17 @@ mount_into "$root/dev/pts" --bind /dev/pts
 if mountpoint -q /dev/shm; then mount_into "$root/dev/shm" -t tmpfs shm; fi
 bind_ro /sys "$root/sys"
 mkdir -p "$root/opt/rustup" "$root/opt/rust/bin"
-bind_ro "$rustup_home" "$root/opt/rustup"
+# RUSTUP_HOME through an overlay: the root sees this machine's toolchain and
+# may add to it (setup.sh adds the wasm32-wasip2 target, as on a fresh
+# machine), but what it adds lands in the work directory, not here. Without
+# overlayfs, read-only (then the target must already be installed here).
+rm -rf "$workdir/rustup-upper" "$workdir/rustup-work"
+mkdir -p "$workdir/rustup-upper" "$workdir/rustup-work"
+if ! mount_into "$root/opt/rustup" -t overlay overlay \
+  -o "lowerdir=$rustup_home,upperdir=$workdir/rustup-upper,workdir=$workdir/rustup-work" 2>/dev/null; then
+  say "no overlayfs: RUSTUP_HOME is read-only in the root (rustup cannot add targets there)"
+  bind_ro "$rustup_home" "$root/opt/rustup"
+fi
 touch "$root/opt/rust/bin/rustup"
 bind_ro "$cargo_bin/rustup" "$root/opt/rust/bin/rustup"
 # The proxies: every link to rustup in ~/.cargo/bin (not what cargo
