@@ -79,7 +79,15 @@ if ! version_is componentize-js "$COMPONENTIZE_JS_VERSION"; then
     "$repo/plugins/polyglot/toolchain/node/package-lock.json" "$tools/node/"
   # npm itself run by that node, so that the engines of the dependencies
   # (and their native parts) are chosen for it.
+  # A Node.js from the npm registry trusts only the CAs built into it, not
+  # this machine's (Debian's nodejs does): behind a proxy with a local CA,
+  # npm ci failed with SELF_SIGNED_CERT_IN_CHAIN. Trust the system bundle
+  # too, unless the caller chose other extra CAs.
   npm_cli="$(readlink -f "$(command -v npm)")"
+  system_cas=/etc/ssl/certs/ca-certificates.crt
+  if [[ -z "${NODE_EXTRA_CA_CERTS:-}" && -s "$system_cas" ]]; then
+    export NODE_EXTRA_CA_CERTS="$system_cas"
+  fi
   (cd "$tools/node" && "$node" "$npm_cli" ci --no-audit --no-fund --loglevel=error >&2)
   cli="$(readlink -f "$tools/node/node_modules/.bin/componentize-js")"
   rm -f "$tools/bin/componentize-js"
