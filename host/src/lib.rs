@@ -20,3 +20,4 @@ pub mod plugin;
 pub mod telemetry;
 pub mod text;
 pub mod tls;
+pub mod work_set;

@@ -462,11 +462,10 @@ async fn a_killed_node_loses_nothing_its_processes_move_and_the_alarm_fires() {
         "no alarm for 2 of 3 live nodes on the alarm topic: {alarms:#?}"
     );
 
-    // tansu 0.6.0 evicts the dead member from the consumer group but does
-    // not tell the survivors to rebalance (Apache Kafka does, after
-    // session.timeout.ms): a replacement node joining the group, as an
-    // orchestrator would start one, makes the group rebalance, and the
-    // killed node's partitions are consumed again from their commits.
+    // A replacement node joins, as an orchestrator would start one (the
+    // survivors rejoin the group for the dead node on their own too: see
+    // the next test); the killed node's partitions are consumed again from
+    // their commits.
     cluster.start_node(&kafka, "node-d", "min_live_nodes = 3");
 
     // Every message arrives at least once; duplicates carry the same id.
@@ -505,6 +504,158 @@ async fn a_killed_node_loses_nothing_its_processes_move_and_the_alarm_fires() {
                 view["live"] == 3 && view["alarm"] == false
             },
         )
+        .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_nodes_partitions_move_to_the_survivors_with_no_replacement_started() {
+    let kafka = Tansu::start();
+    kafka.create_topic(BUSINESS, 6).await;
+    let mut cluster = Cluster::start(&kafka, &["node-a", "node-b", "node-c"], "");
+    let (processes, pool) = cluster.connect_processes(60, "p", false).await;
+    cluster
+        .node(0)
+        .wait_for("every route known", Duration::from_secs(30), || {
+            (0..3).all(|i| cluster.cluster_json(i)["routes"] == 60)
+        })
+        .await;
+    let total = 3_000;
+    let messages = addressed(total, &processes);
+    let (first, rest) = messages.records.split_at(1_000);
+    kafka.produce(BUSINESS, first.to_vec()).await;
+    cluster
+        .node(0)
+        .wait_for("traffic before the kill", Duration::from_secs(60), || {
+            pool.count() >= 500
+        })
+        .await;
+    cluster.nodes[2].2.as_mut().unwrap().sigkill();
+    cluster.nodes[2].2 = None;
+    kafka.produce(BUSINESS, rest.to_vec()).await;
+
+    // No node-d: the survivors themselves make the group reassign the dead
+    // node's partitions once its session has ended (tansu never would).
+    cluster
+        .node(0)
+        .wait_for(
+            "every message at least once, on the two survivors",
+            Duration::from_secs(90),
+            || {
+                let values: std::collections::HashSet<Vec<u8>> =
+                    pool.received().into_iter().map(|r| r.value).collect();
+                values.len() == total
+            },
+        )
+        .await;
+    let rejoined = (0..2).any(|i| {
+        cluster
+            .node(i)
+            .log()
+            .contains("rejoining the consumer group")
+    });
+    assert!(
+        rejoined,
+        "no survivor said it rejoined:\n{}",
+        cluster.node(0).log()
+    );
+}
+
+/// A node of a cluster whose link follows a `dir` config center at `center`.
+fn node_config_from_center(id: &str, center: &std::path::Path) -> String {
+    let config = node_config(id, "from-the-center", "");
+    let config = config.replace(
+        "[links.main]\nbootstrap_servers = \"from-the-center\"",
+        "[links.main]\nfrom_center = true",
+    );
+    assert!(config.contains("from_center = true"), "{config}");
+    format!(
+        "[center]\nkind = \"dir\"\ndir = \"{}\"\ndrain_timeout = \"10s\"\n{config}",
+        center.display()
+    )
+}
+
+/// Points the center's `kafka.main` at `kafka` (an atomic replace).
+fn point_center_at(center: &std::path::Path, kafka: &Tansu) {
+    let tmp = center.join(".tmp");
+    std::fs::write(
+        &tmp,
+        serde_json::json!({"bootstrap.servers": kafka.bootstrap()}).to_string(),
+    )
+    .unwrap();
+    std::fs::rename(&tmp, center.join("kafka.main")).unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cluster_following_the_center_beats_and_routes_on_the_new_kafka_after_a_switch() {
+    let (kafka1, kafka2) = (Tansu::start(), Tansu::start());
+    for kafka in [&kafka1, &kafka2] {
+        kafka.create_topic(BUSINESS, 3).await;
+    }
+    let center = tempfile::tempdir().unwrap();
+    point_center_at(center.path(), &kafka1);
+    let mut cluster = Cluster { nodes: Vec::new() };
+    for id in ["node-a", "node-b"] {
+        let node = RelayProcess::start(&node_config_from_center(id, center.path()), &[]);
+        cluster
+            .nodes
+            .push((id.to_string(), client_addr(&node), Some(node)));
+    }
+    cluster
+        .node(0)
+        .wait_for(
+            "both nodes live and linked",
+            Duration::from_secs(30),
+            || cluster.all_agree(&["node-a", "node-b"]),
+        )
+        .await;
+    let (processes, pool) = cluster.connect_processes(20, "p", false).await;
+
+    point_center_at(center.path(), &kafka2);
+    for i in 0..2 {
+        cluster
+            .node(i)
+            .wait_for("the link on the new cluster", Duration::from_secs(30), || {
+                get_json(&format!("{}/links", cluster.node(i).admin)).1["links"][0]["current"]
+                    ["bootstrap_servers"]
+                    == kafka2.bootstrap()
+            })
+            .await;
+    }
+    // Three node timeouts (3 s each) on the new cluster: heartbeats read
+    // where they are written keep every peer live.
+    let until = std::time::Instant::now() + Duration::from_secs(9);
+    while std::time::Instant::now() < until {
+        for i in 0..2 {
+            let view = cluster.cluster_json(i);
+            assert!(
+                view["live"] == 2 && view["alarm"] == false,
+                "node {i} lost its peer after the switch: {view}"
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    // Every process's route is on the new cluster (not only after the
+    // next anti-entropy period).
+    let routes = kafka2
+        .consume_all("wasmrelay.routes", 10_000, Duration::from_secs(8))
+        .await;
+    let routed: std::collections::HashSet<String> = routes
+        .iter()
+        .filter(|r| r.value.is_some())
+        .map(|r| String::from_utf8(r.key.clone().unwrap()).unwrap())
+        .collect();
+    assert_eq!(routed.len(), 20, "routes on the new cluster: {routed:?}");
+
+    // And messages on the new cluster reach their processes.
+    let messages = addressed(300, &processes);
+    kafka2.produce(BUSINESS, messages.records.clone()).await;
+    cluster
+        .node(0)
+        .wait_for("every message delivered", Duration::from_secs(60), || {
+            let values: std::collections::HashSet<Vec<u8>> =
+                pool.received().into_iter().map(|r| r.value).collect();
+            values.len() == 300
+        })
         .await;
 }
 

@@ -11,6 +11,7 @@ mod client_auth;
 mod cluster;
 mod cluster_records;
 mod demo;
+mod faults;
 mod harness;
 mod key_ordering;
 mod link_switch;

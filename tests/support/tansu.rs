@@ -271,6 +271,8 @@ pub struct Tansu {
     security: Security,
     /// The TLS terminator clients connect to, when TLS is on.
     terminator: Option<crate::tls_terminator::TlsTerminator>,
+    /// The fault proxy clients connect to, when started behind one.
+    proxy: Option<crate::fault_proxy::FaultProxy>,
     cluster_id: String,
     log_path: PathBuf,
     /// Made on first use: one record per batch ([`Tansu::produce`]).
@@ -315,10 +317,29 @@ impl Tansu {
     /// readiness probe logs in with it. Every helper of the returned broker
     /// ([`Tansu::client_config`] and the rest) uses these settings.
     pub fn start_secured(security: Security) -> Tansu {
+        Tansu::start_with(security, false)
+    }
+
+    /// [`Tansu::start`] behind a [`crate::fault_proxy::FaultProxy`], whose
+    /// address the broker advertises: every client (the tests' helpers
+    /// too) reaches it through the proxy, and [`Tansu::proxy`] breaks the
+    /// path.
+    pub fn start_behind_proxy() -> Tansu {
+        Tansu::start_with(Security::default(), true)
+    }
+
+    /// The fault proxy in front of the broker ([`Tansu::start_behind_proxy`]).
+    pub fn proxy(&self) -> &crate::fault_proxy::FaultProxy {
+        self.proxy
+            .as_ref()
+            .expect("this broker was not started behind a fault proxy")
+    }
+
+    fn start_with(security: Security, proxied: bool) -> Tansu {
         let binary = tansu_binary();
         let mut attempt = 1;
         loop {
-            match Tansu::try_start(binary, &security) {
+            match Tansu::try_start(binary, &security, proxied) {
                 Ok(tansu) => return tansu,
                 Err(StartFailure::PortTaken(log)) if attempt < 3 => {
                     eprintln!("tansu lost its port to another process, retrying:\n{log}");
@@ -331,7 +352,7 @@ impl Tansu {
         }
     }
 
-    fn try_start(binary: &Path, security: &Security) -> Result<Tansu, StartFailure> {
+    fn try_start(binary: &Path, security: &Security, proxied: bool) -> Result<Tansu, StartFailure> {
         let dir = tempfile::Builder::new()
             .prefix("wasmrelay-tansu-")
             .tempdir()
@@ -350,9 +371,12 @@ impl Tansu {
                 SocketAddr::from(([127, 0, 0, 1], port)),
             )
         });
-        let advertised = match &terminator {
-            Some(terminator) => format!("tcp://{}", terminator.addr()),
-            None => url.clone(),
+        let proxy = proxied
+            .then(|| crate::fault_proxy::FaultProxy::to(SocketAddr::from(([127, 0, 0, 1], port))));
+        let advertised = match (&terminator, &proxy) {
+            (Some(terminator), _) => format!("tcp://{}", terminator.addr()),
+            (None, Some(proxy)) => format!("tcp://{}", proxy.addr()),
+            (None, None) => url.clone(),
         };
         let nanos = SystemTime::now()
             .duration_since(UNIX_EPOCH)
@@ -419,6 +443,7 @@ impl Tansu {
             port,
             security: security.clone(),
             terminator,
+            proxy,
             cluster_id,
             log_path,
             producer: OnceLock::new(),
@@ -510,6 +535,9 @@ impl Tansu {
     /// `127.0.0.1:PORT`, for `bootstrap.servers` (the TLS terminator's
     /// address when TLS is on).
     pub fn bootstrap(&self) -> String {
+        if let Some(proxy) = &self.proxy {
+            return proxy.addr().to_string();
+        }
         match &self.terminator {
             Some(terminator) => terminator.addr().to_string(),
             None => format!("127.0.0.1:{}", self.port),

@@ -35,6 +35,7 @@ use tokio_util::task::TaskTracker;
 use wasmrelay_protocol::mesh_auth::{Key, MAX_CLOCK_SKEW_MS, record_mac, verify_record_mac};
 
 use crate::gateway::Gateway;
+use crate::kafka::group_rejoin::PeerLost;
 use crate::kafka::tail::TailEvent;
 use crate::kafka::{InputRecord, OutputRecord};
 use crate::link::KafkaLink;
@@ -126,6 +127,35 @@ impl ClusterView {
     /// Whether `node_id` is live.
     pub fn is_live(&self, node_id: &str) -> bool {
         self.nodes.get(node_id).is_some_and(|n| n.live)
+    }
+}
+
+impl ClusterView {
+    /// The peers live in `before` whose heartbeats stopped in `self`
+    /// (not live, and not because they left), with when each was last
+    /// heard (`now` less its age): their consumer-group sessions are
+    /// ending, and their partitions must move.
+    pub fn lost_since(
+        &self,
+        before: &ClusterView,
+        self_id: &str,
+        now: std::time::Instant,
+    ) -> Vec<PeerLost> {
+        self.nodes
+            .values()
+            .filter(|n| {
+                n.heartbeat.node_id != self_id
+                    && !n.live
+                    && !n.heartbeat.leaving
+                    && before.is_live(&n.heartbeat.node_id)
+            })
+            .map(|n| PeerLost {
+                node_id: n.heartbeat.node_id.clone(),
+                last_heard: now
+                    .checked_sub(Duration::from_millis(n.last_seen_ms_ago))
+                    .unwrap_or(now),
+            })
+            .collect()
     }
 }
 

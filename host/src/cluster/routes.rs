@@ -63,16 +63,19 @@ use std::time::{Duration, Instant};
 use serde::{Deserialize, Serialize};
 use tokio::sync::{Notify, mpsc, watch};
 use tokio_util::sync::CancellationToken;
-use tokio_util::task::TaskTracker;
 use wasmrelay_protocol::mesh_auth::{Key, record_mac, verify_record_mac};
+
+mod publisher;
+
+pub use publisher::{AckWait, RouteSink, publish_routes};
 
 use super::membership::{ClusterView, MAC_HEADER};
 use super::route_map::{Change, NodeId, NodeTable, Route, RouteMap, place};
-use crate::gateway::{Gateway, RegistrationEvent};
+use crate::gateway::Gateway;
 use crate::kafka::tail::{TailEvent, TailSink};
 use crate::kafka::{InputRecord, OutputRecord, RecordView};
-use crate::link::KafkaLink;
 use crate::telemetry::metrics::ClusterMetrics;
+use crate::work_set::WorkSet;
 
 /// The header of a route tombstone naming the node that wrote it.
 pub const ROUTE_NODE_HEADER: &str = "wasmrelay-node";
@@ -149,13 +152,6 @@ struct LocalRoutes {
     last_generation: u64,
 }
 
-/// Processes whose route this node is to write again, each once.
-#[derive(Debug, Default)]
-struct Republish {
-    pending: Mutex<(VecDeque<String>, HashSet<String>)>,
-    ready: Notify,
-}
-
 /// Processes in the order their route was written again for a lookup
 /// (with when), and the same as a set.
 type RecentRewrites = (VecDeque<(Instant, String)>, HashSet<String>);
@@ -211,7 +207,11 @@ pub struct RouteTable {
     /// been live; pruned with their last route.
     nodes: NodeTable,
     live: arc_swap::ArcSwap<HashSet<String>>,
-    republish: Republish,
+    /// Processes whose route this node is to write again, each once.
+    republish: WorkSet,
+    /// Tombstones Kafka refused, by process: the generation each ends.
+    /// Written again in order with the rest, while still due.
+    goodbyes_again: Mutex<HashMap<String, u64>>,
     /// Times this node rejoined (from the cluster view) taken so far.
     rejoins: AtomicU64,
     /// Woken when this node rejoined: its routes are written again.
@@ -257,7 +257,8 @@ impl RouteTable {
             local: Mutex::new(LocalRoutes::default()),
             nodes: NodeTable::default(),
             live: arc_swap::ArcSwap::from_pointee(HashSet::new()),
-            republish: Republish::default(),
+            republish: WorkSet::default(),
+            goodbyes_again: Mutex::default(),
             rejoins: AtomicU64::new(0),
             rejoined: Notify::new(),
             republished: AtomicU64::new(0),
@@ -558,26 +559,43 @@ impl RouteTable {
     /// Asks the publisher to write the routes of `processes` again (those
     /// still connected here when it gets to them).
     fn request_republish<'a>(&self, processes: impl IntoIterator<Item = &'a str>) {
-        let mut pending = lock(&self.republish.pending);
-        let (queue, queued) = &mut *pending;
-        for process in processes {
-            if queued.insert(process.to_string()) {
-                queue.push_back(process.to_string());
-            }
-        }
-        drop(pending);
-        self.republish.ready.notify_one();
+        self.republish.add_keys(processes);
     }
 
     /// Up to `max` processes whose routes are to be written again.
     fn take_republish(&self, max: usize) -> (Vec<String>, bool) {
-        let mut pending = lock(&self.republish.pending);
-        let (queue, queued) = &mut *pending;
-        let take: Vec<String> = queue.drain(..max.min(queue.len())).collect();
-        for process in &take {
-            queued.remove(process);
+        let (taken, more) = self.republish.take(max);
+        (
+            taken.into_iter().map(|(process, ())| process).collect(),
+            more,
+        )
+    }
+
+    /// Asks the publisher to write the tombstone of `process_id`'s route
+    /// of `generation` again (Kafka refused it), in order with the rest:
+    /// only if no route of the process was written since.
+    fn request_goodbye_again(&self, process_id: &str, generation: u64) {
+        lock(&self.goodbyes_again).insert(process_id.to_string(), generation);
+        self.request_republish(std::iter::once(process_id));
+    }
+
+    /// The tombstone of `process_id` to write again, if one was refused
+    /// and is still due: the process is not connected here again and no
+    /// newer route elsewhere replaced the one it ends.
+    fn goodbye_again(&self, process_id: &str) -> Option<OutputRecord> {
+        let generation = lock(&self.goodbyes_again).remove(process_id)?;
+        if lock(&self.local).by_process.contains_key(process_id) {
+            return None;
         }
-        (take, !queue.is_empty())
+        self.tombstone_unless_succeeded(process_id, generation)
+    }
+
+    /// Has the routes of every process connected here written again (to
+    /// the cluster the link writes to now, after a switch); how many.
+    pub fn write_local_routes_again(&self) -> usize {
+        let processes = self.local_processes();
+        self.request_republish(processes.iter().map(String::as_str));
+        processes.len()
     }
 
     /// The processes connected here, as this node published them.
@@ -755,6 +773,14 @@ impl RouteTable {
         generation
     }
 
+    /// The connection this node published a route of `process_id` for.
+    fn local_connection(&self, process_id: &str) -> Option<u64> {
+        lock(&self.local)
+            .by_process
+            .get(process_id)
+            .map(|route| route.connection)
+    }
+
     /// Notes that connection `connection_id` of `process_id` ended, and
     /// returns the tombstone of its route; `None` when it has no route to
     /// end (never registered here) or was replaced by a newer registration
@@ -772,6 +798,17 @@ impl RouteTable {
             }
             local.generations.remove(&connection_id)
         }?;
+        self.tombstone_unless_succeeded(process_id, generation)
+    }
+
+    /// The tombstone of this node's route of `process_id` of `generation`;
+    /// `None` when a route of that generation or newer on another node
+    /// succeeded it.
+    fn tombstone_unless_succeeded(
+        &self,
+        process_id: &str,
+        generation: u64,
+    ) -> Option<OutputRecord> {
         let successor = self
             .route_of(process_id)
             .filter(|(r, node)| **node != *self.self_id && r.generation >= generation)
@@ -981,168 +1018,6 @@ pub async fn refresh_routes(
     }
 }
 
-/// Publishes this node's registrations and unregistrations (from the
-/// gateway's events), and the routes the table asks to write again, to the
-/// routes topic until `shutdown`. A route record is retried until Kafka
-/// takes it.
-pub async fn publish_routes(
-    table: Arc<RouteTable>,
-    link: Arc<KafkaLink>,
-    topic: String,
-    events: mpsc::UnboundedReceiver<RegistrationEvent>,
-    shutdown: CancellationToken,
-) {
-    // Acknowledgements are awaited aside, each in a task of its own.
-    let acks = TaskTracker::new();
-    publish_in_order(&table, &link, &topic, events, &acks, &shutdown).await;
-    acks.close();
-    acks.wait().await;
-}
-
-/// What the publisher does next.
-enum Next {
-    Event(RegistrationEvent),
-    Republish,
-}
-
-/// Writes each registration event's record in event order, and the routes
-/// to write again between events, until `shutdown`; acknowledgements (and
-/// rewrites of a refused record) run on `acks`.
-async fn publish_in_order(
-    table: &Arc<RouteTable>,
-    link: &Arc<KafkaLink>,
-    topic: &str,
-    mut events: mpsc::UnboundedReceiver<RegistrationEvent>,
-    acks: &TaskTracker,
-    shutdown: &CancellationToken,
-) {
-    loop {
-        let next = tokio::select! {
-            biased;
-            _ = shutdown.cancelled() => return,
-            event = events.recv() => match event { Some(event) => Next::Event(event), None => return },
-            _ = table.republish.ready.notified() => Next::Republish,
-        };
-        let event = match next {
-            Next::Event(event) => event,
-            Next::Republish => {
-                let (processes, more) = table.take_republish(REPUBLISH_TURN);
-                for process_id in processes {
-                    // Checked now, in order with the events: a process gone
-                    // since the request gets no route after its goodbye.
-                    let Some((record, connection)) = table.route_again(&process_id) else {
-                        continue;
-                    };
-                    if !write(
-                        table,
-                        link,
-                        topic,
-                        acks,
-                        shutdown,
-                        process_id,
-                        record,
-                        Some(connection),
-                    )
-                    .await
-                    {
-                        return;
-                    }
-                }
-                if more {
-                    table.republish.ready.notify_one();
-                }
-                continue;
-            }
-        };
-        let (process_id, record, connection) = match event {
-            RegistrationEvent::Registered {
-                process_id,
-                connection_id,
-            } => {
-                let registered_at_ms = super::now_ms();
-                let generation =
-                    table.next_generation(&process_id, registered_at_ms, connection_id);
-                let record = table.route_record(&process_id, registered_at_ms, generation);
-                (process_id, record, Some((connection_id, generation)))
-            }
-            RegistrationEvent::Unregistered {
-                process_id,
-                connection_id,
-            } => {
-                let Some(record) = table.goodbye(&process_id, connection_id) else {
-                    continue;
-                };
-                (process_id, record, None)
-            }
-        };
-        if !write(
-            table, link, topic, acks, shutdown, process_id, record, connection,
-        )
-        .await
-        {
-            return;
-        }
-    }
-}
-
-/// Enqueues `record` (the route or tombstone of `process_id`) in call order
-/// and waits for its acknowledgement aside, noting where a route of
-/// `connection` (its id and generation) landed; false on `shutdown`.
-#[allow(clippy::too_many_arguments)]
-async fn write(
-    table: &Arc<RouteTable>,
-    link: &Arc<KafkaLink>,
-    topic: &str,
-    acks: &TaskTracker,
-    shutdown: &CancellationToken,
-    process_id: String,
-    record: OutputRecord,
-    connection: Option<(u64, u64)>,
-) -> bool {
-    let ack = loop {
-        match link.producer().enqueue(topic, &record).await {
-            Ok(ack) => break ack,
-            Err(error) => {
-                tracing::warn!(%topic, process = %process_id, %error, "writing a route failed; retrying");
-                tokio::select! {
-                    _ = shutdown.cancelled() => return false,
-                    _ = tokio::time::sleep(Duration::from_millis(200)) => {}
-                }
-            }
-        }
-    };
-    let table = table.clone();
-    let link = link.clone();
-    let topic = topic.to_string();
-    let shutdown = shutdown.clone();
-    acks.spawn(async move {
-        let delivered = match ack.await {
-            Ok(delivered) => delivered,
-            Err(error) => {
-                tracing::warn!(%topic, process = %process_id, %error, "a route was not written; writing it again");
-                loop {
-                    match link.producer().send(&topic, &record).await {
-                        Ok(delivered) => break delivered,
-                        Err(_) => tokio::select! {
-                            // The route is written again by the next refresh.
-                            _ = shutdown.cancelled() => return,
-                            _ = tokio::time::sleep(Duration::from_millis(200)) => {}
-                        },
-                    }
-                }
-            }
-        };
-        if let Some((connection_id, generation)) = connection {
-            table.local_registered(
-                &process_id,
-                connection_id,
-                (generation, delivered.partition, delivered.offset),
-            );
-        }
-    });
-    true
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1163,7 +1038,7 @@ mod tests {
 
     const TIMEOUT: Duration = Duration::from_secs(5);
 
-    fn table() -> Arc<RouteTable> {
+    pub(super) fn table() -> Arc<RouteTable> {
         let gateway = Gateway::new(
             Default::default(),
             crate::gateway::ClientAuth::none(),
@@ -1561,7 +1436,7 @@ mod tests {
         }
         let shutdown = CancellationToken::new();
         let period = Duration::from_secs(60);
-        let tasks = TaskTracker::new();
+        let tasks = tokio_util::task::TaskTracker::new();
         tasks.spawn(refresh_routes(c.clone(), period, shutdown.clone()));
         let taken = |c: &RouteTable| c.take_republish(usize::MAX).0.len();
         tokio::time::sleep(period - Duration::from_secs(1)).await;

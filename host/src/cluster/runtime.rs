@@ -21,6 +21,7 @@ use super::routes::{RouteTable, follow_routes, publish_routes, refresh_routes};
 use crate::config::ClusterConfig;
 use crate::gateway::{Gateway, GatewayOptions, Upstream};
 use crate::kafka::admin::{TopicSpec, ensure_topics};
+use crate::kafka::group_rejoin::PeerLost;
 use crate::kafka::tail::{TailEvent, TailSink, TailStart, TopicTail};
 use crate::link::KafkaLink;
 use crate::telemetry::metrics::RelayMetrics;
@@ -99,11 +100,128 @@ pub struct ClusterRuntime {
     /// With `pause_below_min_live`: `true` while enough nodes are live for
     /// the cluster flow to consume.
     consumption_gate: Option<watch::Receiver<bool>>,
+    /// The latest peer lost (see [`ClusterRuntime::lost_peers`]).
+    lost_peers: watch::Receiver<Option<PeerLost>>,
     stop: CancellationToken,
     /// When the node has heard every live node's heartbeat at least once.
     heard_everyone_at: tokio::time::Instant,
     tasks: TaskTracker,
-    tails: std::sync::Mutex<Vec<TopicTail>>,
+    /// The readers of the heartbeat and routes topics, on the link's
+    /// current cluster.
+    tails: Arc<std::sync::Mutex<Vec<TopicTail>>>,
+}
+
+/// The topics a cluster node reads and writes besides the flows' own:
+/// heartbeats, the (compacted) routes, and alarms if configured. Created
+/// at start and on every cluster the link switches to.
+pub fn cluster_topics(config: &ClusterConfig) -> Vec<TopicSpec> {
+    let mut topics = vec![
+        TopicSpec::new(&config.heartbeat_topic, 1),
+        TopicSpec {
+            configs: vec![("cleanup.policy".to_string(), "compact".to_string())],
+            ..TopicSpec::new(&config.routes_topic, ROUTES_PARTITIONS)
+        },
+    ];
+    if let Some(alarm) = &config.alarm_topic {
+        topics.push(TopicSpec::new(alarm, 1));
+    }
+    topics
+}
+
+/// What it takes to read the cluster's topics on a cluster: started at
+/// start, and again on the new cluster when the link switches.
+struct ClusterReaders {
+    node_id: String,
+    heartbeat_topic: String,
+    routes_topic: String,
+    heartbeats: mpsc::Sender<TailEvent>,
+    routes: Arc<RouteTable>,
+    routes_read: Arc<std::sync::atomic::AtomicU64>,
+    routes_events: mpsc::Sender<TailEvent>,
+}
+
+impl ClusterReaders {
+    /// Reads heartbeats written from now on at `info`.
+    fn heartbeats_on(&self, info: &crate::kafka::LinkInfo) -> anyhow::Result<TopicTail> {
+        TopicTail::start(
+            info,
+            &self.heartbeat_topic,
+            TailStart::End,
+            &format!("{}-heartbeats", self.node_id),
+            TailSink::Send,
+            self.heartbeats.clone(),
+        )
+        .context("reading the heartbeat topic")
+    }
+
+    /// Reads the routes at `info` from the beginning into the table.
+    fn routes_on(&self, info: &crate::kafka::LinkInfo) -> anyhow::Result<TopicTail> {
+        TopicTail::start(
+            info,
+            &self.routes_topic,
+            TailStart::Beginning,
+            &format!("{}-routes", self.node_id),
+            super::routes::apply_to_table(self.routes.clone(), self.routes_read.clone()),
+            self.routes_events.clone(),
+        )
+        .context("reading the routes topic")
+    }
+}
+
+/// Reads the heartbeat and routes topics from the cluster the link writes
+/// to: when it switches, the readers start on the new cluster and the old
+/// ones stop, and this node's routes are written again there (the other
+/// nodes write theirs as they switch). Until `stop`.
+async fn follow_link_switches(
+    link: Arc<KafkaLink>,
+    readers: Arc<ClusterReaders>,
+    tails: Arc<std::sync::Mutex<Vec<TopicTail>>>,
+    stop: CancellationToken,
+) {
+    let mut switches = link.switches();
+    loop {
+        tokio::select! {
+            _ = stop.cancelled() => return,
+            changed = switches.changed() => if changed.is_err() { return },
+        }
+        switches.borrow_and_update();
+        let info = link.current().info.clone();
+        let started = {
+            let readers = readers.clone();
+            let info = info.clone();
+            tokio::task::spawn_blocking(move || {
+                let heartbeats = readers.heartbeats_on(&info)?;
+                match readers.routes_on(&info) {
+                    Ok(routes) => Ok((heartbeats, routes)),
+                    Err(error) => {
+                        heartbeats.stop();
+                        Err(error)
+                    }
+                }
+            })
+            .await
+        };
+        let (heartbeats, routes) = match started {
+            Ok(Ok(started)) => started,
+            Ok(Err(error)) => {
+                // The writes go to the new cluster either way; the old
+                // readers are kept (and their reason logged) until the
+                // next switch.
+                tracing::error!(to = %info.bootstrap_servers, error = %format!("{error:#}"), "the cluster's topics cannot be read on the new cluster; still reading the old one");
+                continue;
+            }
+            Err(_) => return,
+        };
+        let old = tails
+            .lock()
+            .map(|mut tails| std::mem::replace(&mut *tails, vec![heartbeats, routes]))
+            .unwrap_or_default();
+        tokio::task::spawn_blocking(move || old.into_iter().for_each(TopicTail::stop))
+            .await
+            .ok();
+        let processes = readers.routes.write_local_routes_again();
+        tracing::info!(to = %info.bootstrap_servers, processes, "the cluster's topics are read on the new cluster; writing this node's routes there");
+    }
 }
 
 impl ClusterRuntime {
@@ -133,23 +251,13 @@ impl ClusterRuntime {
             .map(super::mesh::MeshTls::load)
             .transpose()?;
         let info = link.current().info.clone();
-        let mut topics = vec![
-            TopicSpec::new(&config.heartbeat_topic, 1),
-            TopicSpec {
-                configs: vec![("cleanup.policy".to_string(), "compact".to_string())],
-                ..TopicSpec::new(&config.routes_topic, ROUTES_PARTITIONS)
-            },
-        ];
-        if let Some(alarm) = &config.alarm_topic {
-            topics.push(TopicSpec::new(alarm, 1));
-        }
-        ensure_topics(&info, &topics, TOPIC_TIMEOUT)
+        ensure_topics(&info, &cluster_topics(config), TOPIC_TIMEOUT)
             .await
             .context("preparing the cluster topics")?;
 
         let stop = CancellationToken::new();
         let tasks = TaskTracker::new();
-        let (events_tx, events_rx) = mpsc::unbounded_channel();
+        let registrations = Arc::new(crate::gateway::RegistrationChanges::default());
         let gateway = Gateway::new(
             GatewayOptions {
                 tls: client_tls,
@@ -157,7 +265,7 @@ impl ClusterRuntime {
             },
             client_auth,
             upstream,
-            Some(events_tx),
+            Some(registrations.clone()),
         );
         let ClusterListeners {
             client: client_listener,
@@ -204,36 +312,30 @@ impl ClusterRuntime {
         ));
 
         let (heartbeats_tx, mut heartbeats_rx) = mpsc::channel::<TailEvent>(TAIL_BUFFER);
-        let heartbeat_tail = TopicTail::start(
-            &info,
-            &config.heartbeat_topic,
-            TailStart::End,
-            &format!("{node_id}-heartbeats"),
-            TailSink::Send,
-            heartbeats_tx,
-        )
-        .context("reading the heartbeat topic")?;
         // The reader thread applies the route records itself; the channel
         // only says when it caught up.
         let (routes_tx, routes_rx) = mpsc::channel::<TailEvent>(1);
-        let routes_read = Arc::new(std::sync::atomic::AtomicU64::new(0));
+        let readers = Arc::new(ClusterReaders {
+            node_id: node_id.to_string(),
+            heartbeat_topic: config.heartbeat_topic.clone(),
+            routes_topic: config.routes_topic.clone(),
+            heartbeats: heartbeats_tx,
+            routes: routes.clone(),
+            routes_read: Arc::new(std::sync::atomic::AtomicU64::new(0)),
+            routes_events: routes_tx,
+        });
+        let routes_read = readers.routes_read.clone();
+        let heartbeat_tail = readers.heartbeats_on(&info)?;
         // The catch-up is timed from here: the reader fetches while the
         // node checks for a twin, before the table's task starts.
         let routes_started = std::time::Instant::now();
-        let routes_tail = match TopicTail::start(
-            &info,
-            &config.routes_topic,
-            TailStart::Beginning,
-            &format!("{node_id}-routes"),
-            super::routes::apply_to_table(routes.clone(), routes_read.clone()),
-            routes_tx,
-        ) {
+        let routes_tail = match readers.routes_on(&info) {
             Ok(tail) => tail,
             Err(error) => {
                 tokio::task::spawn_blocking(move || heartbeat_tail.stop())
                     .await
                     .ok();
-                return Err(error.context("reading the routes topic"));
+                return Err(error);
             }
         };
         // The table reads while the node checks for a twin (that check
@@ -325,7 +427,7 @@ impl ClusterRuntime {
             routes.clone(),
             link.clone(),
             config.routes_topic.clone(),
-            events_rx,
+            registrations,
             stop.clone(),
         ));
         tasks.spawn(refresh_routes(
@@ -366,6 +468,20 @@ impl ClusterRuntime {
             tasks.spawn(follow_live_count(view.clone(), gate_tx, stop.clone()));
             gate
         });
+        let tails = Arc::new(std::sync::Mutex::new(vec![heartbeat_tail, routes_tail]));
+        tasks.spawn(follow_link_switches(
+            link.clone(),
+            readers,
+            tails.clone(),
+            stop.clone(),
+        ));
+        let (lost_tx, lost_peers) = watch::channel(None);
+        tasks.spawn(follow_lost_peers(
+            view.clone(),
+            node_id.to_string(),
+            lost_tx,
+            stop.clone(),
+        ));
         // Heartbeats are read from the end: every live node's next one
         // arrives within an interval (plus Kafka's latency).
         let heard_everyone_at = tokio::time::Instant::now() + config.heartbeat_interval * 3 / 2;
@@ -380,9 +496,10 @@ impl ClusterRuntime {
             rebalancer,
             view,
             consumption_gate,
+            lost_peers,
             stop,
             tasks,
-            tails: std::sync::Mutex::new(vec![heartbeat_tail, routes_tail]),
+            tails,
         })
     }
 
@@ -452,6 +569,13 @@ impl ClusterRuntime {
     }
 
     /// What `/cluster` shows.
+    /// The peer lost last (its heartbeats stopped without a leave), the
+    /// one heard last of those when several were: what the cluster flow's
+    /// consumer rejoins its group for.
+    pub fn lost_peers(&self) -> watch::Receiver<Option<PeerLost>> {
+        self.lost_peers.clone()
+    }
+
     pub fn cluster_json(&self) -> serde_json::Value {
         let view = self.view.borrow().clone();
         let linked = self.mesh.linked();
@@ -602,7 +726,33 @@ impl Forwarder for Mesh {
     }
 }
 
-/// How this node's gateway treats process connections.
+/// Tells `lost` of each peer whose heartbeats stop in `view` (the one heard
+/// last when several stop at once), until `stop`.
+async fn follow_lost_peers(
+    mut view: watch::Receiver<ClusterView>,
+    node_id: String,
+    lost: watch::Sender<Option<PeerLost>>,
+    stop: CancellationToken,
+) {
+    let mut before = view.borrow_and_update().clone();
+    loop {
+        tokio::select! {
+            _ = stop.cancelled() => return,
+            changed = view.changed() => if changed.is_err() { return },
+        }
+        let now = view.borrow_and_update().clone();
+        let latest = now
+            .lost_since(&before, &node_id, std::time::Instant::now())
+            .into_iter()
+            .max_by_key(|peer| peer.last_heard);
+        if let Some(peer) = latest {
+            tracing::warn!(node = %peer.node_id, "a peer's heartbeats stopped: its partitions of the cluster flow move once its consumer-group session ends");
+            lost.send_replace(Some(peer));
+        }
+        before = now;
+    }
+}
+
 /// Holds `gate` at whether at least `min_live_nodes` nodes are live in
 /// `view`, until `stop`.
 async fn follow_live_count(
@@ -623,6 +773,7 @@ async fn follow_live_count(
     }
 }
 
+/// How this node's gateway treats process connections.
 fn gateway_options(node_id: &str, cluster: &ClusterConfig) -> GatewayOptions {
     GatewayOptions {
         node_id: node_id.to_string(),

@@ -6,9 +6,10 @@
 //! then on the node delivers messages for that id to it ([`Gateway::deliver`])
 //! and takes its upstream sends ([`Upstream`]). An id that registers again
 //! replaces the older connection, which is told why: only a Hello that
-//! proved the same identity gets that far. Registrations and
-//! unregistrations are reported as [`RegistrationEvent`]s, which the cluster
-//! publishes to the route table.
+//! proved the same identity gets that far. Which processes'
+//! registration changed is kept in [`RegistrationChanges`] (each process
+//! once, with its connection now), which the cluster publishes to the route
+//! table.
 //!
 //! Owns: accepting, client authentication ([`auth`]), the per-connection
 //! protocol ([`connection`]), and the per-process session state
@@ -29,7 +30,7 @@ use std::time::Duration;
 use futures::future::BoxFuture;
 use prometheus_client::metrics::counter::Counter;
 use tokio::net::TcpListener;
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::oneshot;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use wasmrelay_protocol::v1;
@@ -171,24 +172,12 @@ pub enum UpstreamError {
     Refused(String),
 }
 
-/// A change in which processes are registered here.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum RegistrationEvent {
-    /// `process_id` registered here (on connection `connection_id`).
-    Registered {
-        /// The process.
-        process_id: String,
-        /// The connection.
-        connection_id: u64,
-    },
-    /// The connection of `process_id` ended and no newer one replaced it.
-    Unregistered {
-        /// The process.
-        process_id: String,
-        /// The connection that ended.
-        connection_id: u64,
-    },
-}
+/// The processes whose registration here changed and is not published
+/// yet, each once with the connection it has here now (`None`: it is no
+/// longer connected here). A set, not a log: while the publisher is held
+/// up (Kafka out of reach), a process that reconnects a thousand times
+/// still waits once, so it is bounded by the processes, not by the churn.
+pub type RegistrationChanges = crate::work_set::WorkSet<Option<u64>>;
 
 /// Counters of the gateway, read by metrics and the admin API.
 #[derive(Debug, Default)]
@@ -261,7 +250,7 @@ pub struct Gateway {
     sessions: Mutex<HashMap<String, Arc<Session>>>,
     next_connection: AtomicU64,
     upstream: Arc<dyn Upstream>,
-    events: Option<mpsc::UnboundedSender<RegistrationEvent>>,
+    registrations: Option<Arc<RegistrationChanges>>,
     stats: GatewayStats,
     /// Upstream sends waiting for Kafka's acknowledgement (their answer
     /// goes back to the process); [`Gateway::serve`] waits for them.
@@ -288,13 +277,13 @@ impl std::fmt::Debug for Gateway {
 
 impl Gateway {
     /// A gateway that admits the Hellos `client_auth` accepts, whose
-    /// upstream sends go to `upstream` and whose registrations are reported
-    /// on `events` (if given).
+    /// upstream sends go to `upstream` and whose registration changes are
+    /// noted in `registrations` (if given).
     pub fn new(
         options: GatewayOptions,
         client_auth: ClientAuth,
         upstream: Arc<dyn Upstream>,
-        events: Option<mpsc::UnboundedSender<RegistrationEvent>>,
+        registrations: Option<Arc<RegistrationChanges>>,
     ) -> Arc<Gateway> {
         Arc::new(Gateway {
             options,
@@ -302,7 +291,7 @@ impl Gateway {
             sessions: Mutex::new(HashMap::new()),
             next_connection: AtomicU64::new(1),
             upstream,
-            events,
+            registrations,
             stats: GatewayStats::default(),
             sends: TaskTracker::new(),
             placement: std::sync::OnceLock::new(),
@@ -497,9 +486,13 @@ impl Gateway {
     /// Registers a new session; an older one of the same process is
     /// replaced.
     fn register(&self, session: Arc<Session>) {
-        let older = self
-            .lock_sessions()
-            .insert(session.process_id().to_string(), session.clone());
+        // Noted under the sessions' lock: what is noted last is what holds.
+        let older = {
+            let mut sessions = self.lock_sessions();
+            let older = sessions.insert(session.process_id().to_string(), session.clone());
+            self.report(session.process_id(), Some(session.connection_id()));
+            older
+        };
         if let Some(older) = older {
             self.stats.replaced.fetch_add(1, Ordering::Relaxed);
             older.replace(format!(
@@ -509,35 +502,23 @@ impl Gateway {
                 self.options.node_id
             ));
         }
-        self.report(RegistrationEvent::Registered {
-            process_id: session.process_id().to_string(),
-            connection_id: session.connection_id(),
-        });
     }
 
     /// Removes a session that ended, unless a newer one replaced it.
     fn unregister(&self, session: &Session) {
-        let removed = {
-            let mut sessions = self.lock_sessions();
-            match sessions.get(session.process_id()) {
-                Some(current) if current.connection_id() == session.connection_id() => {
-                    sessions.remove(session.process_id());
-                    true
-                }
-                _ => false,
-            }
-        };
-        if removed {
-            self.report(RegistrationEvent::Unregistered {
-                process_id: session.process_id().to_string(),
-                connection_id: session.connection_id(),
-            });
+        let mut sessions = self.lock_sessions();
+        if sessions
+            .get(session.process_id())
+            .is_some_and(|current| current.connection_id() == session.connection_id())
+        {
+            sessions.remove(session.process_id());
+            self.report(session.process_id(), None);
         }
     }
 
-    fn report(&self, event: RegistrationEvent) {
-        if let Some(events) = &self.events {
-            let _ = events.send(event);
+    fn report(&self, process_id: &str, connection: Option<u64>) {
+        if let Some(registrations) = &self.registrations {
+            registrations.add(process_id, connection);
         }
     }
 

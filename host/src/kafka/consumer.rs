@@ -25,6 +25,7 @@ use tokio::sync::{Semaphore, mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
+use super::group_rejoin::{DEFAULT_SESSION_TIMEOUT, PeerLost, RejoinSchedule};
 use super::lane::{Backlog, DeliveryOrder, LaneContext};
 use super::link::LinkInfo;
 use super::offsets::PartitionOffsets;
@@ -92,6 +93,12 @@ pub struct ConsumerOptions {
     /// finishes and is committed; nothing is skipped), and resumed when it
     /// turns `true` again. The cluster's live-node gate.
     pub gate: Option<tokio::sync::watch::Receiver<bool>>,
+    /// When set, peers lost from the cluster: the consumer rejoins its
+    /// group once each one's session must have timed out
+    /// ([`super::group_rejoin`]). Its session
+    /// timeout is then [`DEFAULT_SESSION_TIMEOUT`] unless the link sets
+    /// `session.timeout.ms`. The cluster flow's, on a node of a cluster.
+    pub lost_peers: Option<tokio::sync::watch::Receiver<Option<PeerLost>>>,
 }
 
 /// The default of `flows.max_in_flight`.
@@ -109,6 +116,7 @@ impl Default for ConsumerOptions {
             order: DeliveryOrder::default(),
             max_in_flight: DEFAULT_MAX_IN_FLIGHT,
             gate: None,
+            lost_peers: None,
         }
     }
 }
@@ -169,6 +177,13 @@ struct Shared {
     /// clears a pause when it applies a new assignment, so a fetch can
     /// return records of a partition paused in the rebalance callback.
     held: Mutex<Vec<InputRecord>>,
+    /// Rejoining the group for lost peers, when asked to.
+    rejoin: Option<Mutex<Rejoin>>,
+}
+
+struct Rejoin {
+    lost_peers: tokio::sync::watch::Receiver<Option<PeerLost>>,
+    schedule: RejoinSchedule,
 }
 
 struct RelayConsumerContext {
@@ -240,6 +255,14 @@ impl PartitionedConsumer {
         shutdown: CancellationToken,
     ) -> anyhow::Result<Self> {
         let (finished_tx, finished_rx) = mpsc::unbounded_channel();
+        let mut config = link.consumer_config(group, options.commit_interval);
+        let rejoin = options.lost_peers.clone().map(|lost_peers| {
+            let (session_timeout, heartbeat_interval) = group_timeouts(link, &mut config);
+            Mutex::new(Rejoin {
+                lost_peers,
+                schedule: RejoinSchedule::new(session_timeout, heartbeat_interval),
+            })
+        });
         let shared = Arc::new(Shared {
             topic: topic.to_string(),
             handler,
@@ -255,10 +278,11 @@ impl PartitionedConsumer {
             consumed: AtomicUsize::new(0),
             positions: Mutex::new(HashMap::new()),
             held: Mutex::new(Vec::new()),
+            rejoin,
         });
         let consumer: RelayBaseConsumer = link
             .create_with_context(
-                &link.consumer_config(group, options.commit_interval),
+                &config,
                 RelayConsumerContext {
                     shared: shared.clone(),
                 },
@@ -366,11 +390,41 @@ impl Shared {
                 None => {}
             }
             self.apply_finished(consumer);
+            self.rejoin_if_due(consumer);
             if !gated {
                 self.resume_drained_lanes(consumer);
             }
         }
         self.shut_down(consumer)
+    }
+
+    /// Rejoins the group when a lost peer's session must have ended.
+    fn rejoin_if_due(&self, consumer: &RelayBaseConsumer) {
+        let Some(rejoin) = &self.rejoin else {
+            return;
+        };
+        let due = {
+            let Ok(mut rejoin) = rejoin.lock() else {
+                return;
+            };
+            let rejoin = &mut *rejoin;
+            if rejoin.lost_peers.has_changed().unwrap_or(false) {
+                let lost = rejoin.lost_peers.borrow_and_update().clone();
+                if let Some(lost) = lost {
+                    rejoin.schedule.peer_lost(lost);
+                }
+            }
+            rejoin.schedule.due(Instant::now())
+        };
+        if let Some(node) = due {
+            tracing::info!(topic = %self.topic, lost_peer = %node, "rejoining the consumer group: the lost peer's session has ended, and its partitions must be assigned again");
+            // As a new member: a known member's JoinGroup may be answered
+            // with the generation it is in (tansu does), dead member and all.
+            consumer.unsubscribe();
+            if let Err(error) = consumer.subscribe(&[self.topic.as_str()]) {
+                tracing::warn!(topic = %self.topic, %error, "rejoining the consumer group");
+            }
+        }
     }
 
     /// Whether the consumer's gate (if any) is closed now.
@@ -619,6 +673,31 @@ impl Shared {
 }
 
 /// Pauses or resumes one partition; true when it worked.
+/// The session timeout and heartbeat interval of a consumer that rejoins for
+/// lost peers: the link's when it sets them, else
+/// [`DEFAULT_SESSION_TIMEOUT`] and a third of the session (set in `config`).
+fn group_timeouts(link: &LinkInfo, config: &mut rdkafka::ClientConfig) -> (Duration, Duration) {
+    let set_ms = |name: &str| {
+        link.options
+            .get(name)
+            .and_then(|ms| ms.parse::<u64>().ok())
+            .map(Duration::from_millis)
+    };
+    let session = set_ms("session.timeout.ms").unwrap_or_else(|| {
+        config.set(
+            "session.timeout.ms",
+            DEFAULT_SESSION_TIMEOUT.as_millis().to_string(),
+        );
+        DEFAULT_SESSION_TIMEOUT
+    });
+    let heartbeat = set_ms("heartbeat.interval.ms").unwrap_or_else(|| {
+        let third = session / 3;
+        config.set("heartbeat.interval.ms", third.as_millis().to_string());
+        third
+    });
+    (session, heartbeat)
+}
+
 fn pause(consumer: &RelayBaseConsumer, topic: &str, partition: i32, paused: bool) -> bool {
     let mut tpl = TopicPartitionList::new();
     tpl.add_partition(topic, partition);

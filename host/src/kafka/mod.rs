@@ -7,6 +7,7 @@
 //! - [`record`]: the owned records that cross this layer.
 //! - [`offsets`]: which offsets may be committed.
 //! - [`consumer`]: the partitioned consumer ([`PartitionedConsumer`]).
+//! - [`group_rejoin`]: when a consumer rejoins its group for a lost peer.
 //! - [`lane`]: one partition's worker and the flow's [`DeliveryOrder`].
 //! - [`producer`]: the producer ([`RelayProducer`]).
 //! - [`admin`]: creating the topics the relay owns.
@@ -15,6 +16,7 @@
 pub mod admin;
 pub mod center_policy;
 pub mod consumer;
+pub mod group_rejoin;
 pub mod lane;
 pub mod link;
 pub mod offsets;

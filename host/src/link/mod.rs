@@ -71,6 +71,8 @@ pub struct KafkaLink {
     current: ArcSwap<LinkGeneration>,
     history: Mutex<Vec<SwitchRecord>>,
     status: Mutex<LinkStatus>,
+    /// Switches so far: watched by whoever reads on the current cluster.
+    switches: tokio::sync::watch::Sender<u64>,
 }
 
 /// How many switches `/links` keeps.
@@ -90,6 +92,7 @@ impl KafkaLink {
             }),
             history: Mutex::new(Vec::new()),
             status: Mutex::new(LinkStatus::default()),
+            switches: tokio::sync::watch::channel(0).0,
         }))
     }
 
@@ -110,7 +113,14 @@ impl KafkaLink {
 
     /// Makes `generation` current and returns the previous one.
     pub fn swap(&self, generation: LinkGeneration) -> Arc<LinkGeneration> {
-        self.current.swap(Arc::new(generation))
+        let old = self.current.swap(Arc::new(generation));
+        self.switches.send_modify(|switches| *switches += 1);
+        old
+    }
+
+    /// Changes at every switch (after the new connection is current).
+    pub fn switches(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.switches.subscribe()
     }
 
     /// Adds a finished switch to the history.

@@ -98,6 +98,15 @@ impl FlowRunner {
         Ok(current.replace(new))
     }
 
+    /// Makes `consumer` current again (a switch rolled back) and returns
+    /// the one it replaces, for the caller to stop.
+    pub fn put_back(&self, consumer: RunningConsumer) -> Option<RunningConsumer> {
+        self.current
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .replace(consumer)
+    }
+
     /// Takes the current consumer (at shutdown).
     pub fn take(&self) -> Option<RunningConsumer> {
         self.current.lock().ok().and_then(|mut c| c.take())

@@ -165,11 +165,16 @@ async fn switch(
             options.probe_timeout,
         )
         .await;
-        let replaced = runner
-            .start_on(&info)
-            .context("starting the consumer on the new cluster")?;
-        if let Some(old_consumer) = replaced {
-            drains.push((runner.name.clone(), old_consumer, marks));
+        match runner.start_on(&info) {
+            Ok(Some(old_consumer)) => drains.push((runner.clone(), old_consumer, marks)),
+            Ok(None) => {}
+            Err(error) => {
+                roll_back(link, &old, drains, &options.tasks);
+                return Err(error.context(format!(
+                    "flow `{}`: starting the consumer on the new cluster (switched back to the old one)",
+                    runner.name
+                )));
+            }
         }
     }
 
@@ -179,6 +184,7 @@ async fn switch(
     options.tasks.spawn(async move {
         let (mut drained, mut left, mut timed_out) = (0u64, Some(0u64), false);
         for (flow, consumer, marks) in drains {
+            let flow = &flow.name;
             let report = drain(consumer, marks, drain_timeout, &shutdown).await;
             tracing::info!(link = %link.id(), %flow, drained = report.drained, left = ?report.left_behind, timed_out = report.timed_out, "old cluster drained");
             drained += report.drained;
@@ -205,6 +211,38 @@ async fn switch(
         tracing::info!(link = %link.id(), took = ?started.elapsed(), "link switch complete");
     });
     Ok(())
+}
+
+/// Undoes a switch that failed half-way: the flows already moved get their
+/// consumers on the old cluster back (the new ones stop, finishing and
+/// committing what they took), the link points at the old cluster again
+/// (what was produced to the new one is flushed), and no switch is in
+/// progress. Nothing is left split across the two clusters.
+fn roll_back(
+    link: &Arc<KafkaLink>,
+    old: &LinkGeneration,
+    moved: Vec<(Arc<FlowRunner>, RunningConsumer, Marks)>,
+    tasks: &TaskTracker,
+) {
+    for (runner, old_consumer, _) in moved {
+        if let Some(new_consumer) = runner.put_back(old_consumer) {
+            tasks.spawn(async move {
+                new_consumer.stop_and_join().await;
+            });
+        }
+    }
+    let abandoned = link.swap(LinkGeneration {
+        info: old.info.clone(),
+        producer: old.producer.clone(),
+        since: old.since,
+        source: old.source,
+    });
+    let producer = abandoned.producer.clone();
+    tasks.spawn(async move {
+        let _ = tokio::task::spawn_blocking(move || producer.flush(Duration::from_secs(10))).await;
+    });
+    link.update_status(|s| s.switching = false);
+    tracing::warn!(link = %link.id(), from = %abandoned.info.bootstrap_servers, back_to = %old.info.bootstrap_servers, "link switch failed half-way; switched back");
 }
 
 /// Per partition: (high watermark at the switch, the group's position then).
@@ -304,5 +342,128 @@ async fn drain(
         drained,
         left_behind,
         timed_out,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Mutex;
+
+    use futures::future::BoxFuture;
+    use rdkafka::mocking::MockCluster;
+    use rdkafka::producer::{BaseRecord, DefaultProducerContext, Producer as _, ThreadedProducer};
+
+    use super::*;
+    use crate::kafka::consumer::{Completion, Outcome};
+    use crate::kafka::{ConsumerOptions, InputRecord, MessageHandler};
+
+    /// Keeps the values it was handed.
+    #[derive(Default)]
+    struct Collect(Mutex<Vec<Vec<u8>>>);
+
+    impl MessageHandler for Collect {
+        fn handle(
+            &self,
+            record: InputRecord,
+            _abort: CancellationToken,
+        ) -> BoxFuture<'static, Completion> {
+            self.0
+                .lock()
+                .unwrap()
+                .push(record.value.unwrap_or_default());
+            let done: Completion = Box::pin(async { Outcome::Finished });
+            Box::pin(std::future::ready(done))
+        }
+    }
+
+    fn broker() -> (MockCluster<'static, DefaultProducerContext>, LinkInfo) {
+        let kafka = MockCluster::new(1).unwrap();
+        kafka.create_topic("in", 1, 1).unwrap();
+        let info = LinkInfo {
+            bootstrap_servers: kafka.bootstrap_servers(),
+            options: [("fetch.wait.max.ms".to_string(), "10".to_string())].into(),
+        };
+        (kafka, info)
+    }
+
+    fn produce(info: &LinkInfo, value: &str) {
+        let producer: ThreadedProducer<_> = rdkafka::ClientConfig::new()
+            .set("bootstrap.servers", &info.bootstrap_servers)
+            .create()
+            .unwrap();
+        producer
+            .send(BaseRecord::<(), str>::to("in").payload(value))
+            .unwrap();
+        producer.flush(Duration::from_secs(10)).unwrap();
+    }
+
+    fn runner(group: &str, handler: Arc<Collect>, shutdown: &CancellationToken) -> Arc<FlowRunner> {
+        FlowRunner::new(
+            group,
+            group,
+            "in",
+            handler,
+            ConsumerOptions::default(),
+            shutdown.clone(),
+        )
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_switch_that_fails_half_way_is_rolled_back_whole() {
+        let (_old_kafka, old_info) = broker();
+        let (_new_kafka, new_info) = broker();
+        let link = KafkaLink::new("main", old_info.clone(), "config").unwrap();
+        let shutdown = CancellationToken::new();
+        let moved = Arc::new(Collect::default());
+        let first = runner("moved", moved.clone(), &shutdown);
+        first.start_on(&old_info).unwrap();
+        // No group id: this flow's consumer cannot start anywhere, so the
+        // switch fails after the first flow moved.
+        let second = runner("", Arc::new(Collect::default()), &shutdown);
+        let tasks = TaskTracker::new();
+        let options = SwitchOptions {
+            probe_timeout: Duration::from_secs(10),
+            drain_timeout: Duration::from_secs(10),
+            owned_topics: Vec::new(),
+            base_options: Default::default(),
+            policy: CenterPolicy { files_dir: None },
+            metrics: Arc::new(RelayMetrics::new()),
+            tasks: tasks.clone(),
+        };
+        let mut switches = link.switches();
+        let error = switch(
+            &link,
+            &[first.clone(), second],
+            new_info.clone(),
+            &options,
+            &shutdown,
+        )
+        .await
+        .unwrap_err();
+        assert!(
+            format!("{error:#}").contains("switched back to the old one"),
+            "{error:#}"
+        );
+        // The link points at the old cluster, with no switch in progress,
+        // and whoever reads on the link's cluster was told twice.
+        assert_eq!(link.current().info, old_info);
+        assert!(!link.snapshot()["status"]["switching"].as_bool().unwrap());
+        assert_eq!(*switches.borrow_and_update(), 2);
+        // The consumer started on the new cluster has stopped, and the
+        // first flow consumes the old cluster again, not the new one.
+        tasks.close();
+        tasks.wait().await;
+        produce(&new_info, "on the new cluster");
+        produce(&old_info, "on the old cluster");
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while moved.0.lock().unwrap().is_empty() && Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        assert_eq!(*moved.0.lock().unwrap(), [b"on the old cluster".to_vec()]);
+        shutdown.cancel();
+        if let Some(consumer) = first.take() {
+            consumer.stop_and_join().await;
+        }
     }
 }

@@ -118,9 +118,13 @@ pub(super) fn prepare(
         };
         // The cluster flow consumes only while enough nodes are live, when
         // `cluster.pause_below_min_live` asks for it.
-        let gate = match (&flow.deliver, cluster) {
-            (Some(DeliverConfig::Cluster(_)), Some(runtime)) => runtime.consumption_gate(),
-            _ => None,
+        // And rejoins its group when a peer is lost (the broker may never
+        // move the dead member's partitions on its own).
+        let (gate, lost_peers) = match (&flow.deliver, cluster) {
+            (Some(DeliverConfig::Cluster(_)), Some(runtime)) => {
+                (runtime.consumption_gate(), Some(runtime.lost_peers()))
+            }
+            _ => (None, None),
         };
         let runner = FlowRunner::new(
             &flow.name,
@@ -129,6 +133,7 @@ pub(super) fn prepare(
             Arc::new(FlowMessageHandler::new(handler)),
             ConsumerOptions {
                 gate,
+                lost_peers,
                 order: flow.ordering,
                 max_in_flight: flow.max_in_flight,
                 ..consumer_options.clone()

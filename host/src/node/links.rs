@@ -27,14 +27,19 @@ const TOPIC_CREATION_TIMEOUT: Duration = Duration::from_secs(30);
 const PROBE_ON_ERROR_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// The topics the relay writes to through link `id` (created when missing).
+/// On the cluster's link, the cluster's own topics too.
 pub(super) fn owned_topics(config: &RelayConfig, id: &str) -> Vec<TopicSpec> {
-    config
+    let mut topics: Vec<TopicSpec> = config
         .flows
         .iter()
         .filter(|f| f.link == id)
         .flat_map(|f| [f.output_topic.clone(), f.dead_letter_topic.clone()])
         .map(|t| TopicSpec::new(t, CREATED_TOPIC_PARTITIONS))
-        .collect()
+        .collect();
+    if let Some(cluster) = config.cluster.as_ref().filter(|c| c.link == id) {
+        topics.extend(crate::cluster::runtime::cluster_topics(cluster));
+    }
+    topics
 }
 
 /// What the center's values may set: connection properties, and files only
