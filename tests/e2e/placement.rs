@@ -78,10 +78,11 @@ async fn processes_given_one_address_spread_over_the_nodes_by_quota() {
     }
     // Each process is where its SDK says.
     let by_node = pool
-        .nodes()
+        .settled_nodes(Duration::from_secs(10))
+        .await
         .into_values()
         .fold(HashMap::new(), |mut m, node| {
-            *m.entry(node.unwrap_or_default()).or_insert(0u64) += 1;
+            *m.entry(node).or_insert(0u64) += 1;
             m
         });
     assert_eq!(by_node, counts, "the SDK's nodes and /cluster disagree");
@@ -180,17 +181,13 @@ async fn a_router_plugins_place_pins_processes_to_a_node() {
         pool.connect(std::slice::from_ref(&third), &format!("b-{n}"), false)
             .await;
     }
-    let placed = pool.nodes();
+    let placed = pool.settled_nodes(Duration::from_secs(10)).await;
     for n in 0..10 {
-        assert_eq!(
-            placed[&format!("a-{n}")].as_deref(),
-            Some("node-1"),
-            "{placed:?}"
-        );
+        assert_eq!(placed[&format!("a-{n}")], "node-1", "{placed:?}");
     }
     // The others go by the built-in rule: not all on node-1.
     let b_elsewhere = (0..10)
-        .filter(|n| placed[&format!("b-{n}")].as_deref() != Some("node-1"))
+        .filter(|n| placed[&format!("b-{n}")] != "node-1")
         .count();
     assert!(b_elsewhere >= 5, "{placed:?}");
 }

@@ -302,13 +302,8 @@ async fn evacuating_a_node_moves_all_its_processes_and_takes_no_new_one() {
         late.connect(std::slice::from_ref(&first), &format!("late-{n}"), false)
             .await;
     }
-    let placed = late.nodes();
-    assert!(
-        placed
-            .values()
-            .all(|node| node.as_deref() != Some("node-1")),
-        "{placed:?}"
-    );
+    let placed = late.settled_nodes(Duration::from_secs(10)).await;
+    assert!(placed.values().all(|node| node != "node-1"), "{placed:?}");
     assert_eq!(RelayProcess::connections_by_node(&nodes)["node-1"], 0);
 
     nodes[0]

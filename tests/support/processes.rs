@@ -46,7 +46,19 @@ impl ProcessPool {
 
     /// Connects the process `config` describes (its backoff shortened for
     /// tests); with `reply`, as [`ProcessPool::connect`].
-    pub async fn connect_with(&mut self, mut config: ClientConfig, reply: bool) {
+    pub async fn connect_with(&mut self, config: ClientConfig, reply: bool) {
+        self.connect_slow(config, reply, std::time::Duration::ZERO)
+            .await;
+    }
+
+    /// As [`ProcessPool::connect_with`], for a slow process: it takes
+    /// `ack_delay` over each delivery before it acks it.
+    pub async fn connect_slow(
+        &mut self,
+        mut config: ClientConfig,
+        reply: bool,
+        ack_delay: std::time::Duration,
+    ) {
         let process_id = config.process_id.clone();
         let process_id = process_id.as_str();
         config.initial_backoff = std::time::Duration::from_millis(50);
@@ -64,6 +76,9 @@ impl ProcessPool {
             while let Some(event) = events.next().await {
                 match event {
                     Event::Delivery(delivery) => {
+                        if !ack_delay.is_zero() {
+                            tokio::time::sleep(ack_delay).await;
+                        }
                         if reply {
                             let answer = OutgoingMessage::reply_to(
                                 &delivery,
@@ -113,6 +128,32 @@ impl ProcessPool {
             .iter()
             .map(|(id, client)| (id.clone(), client.node_id()))
             .collect()
+    }
+
+    /// The node each process is connected to, once every one of them is
+    /// connected: a process a node redirected is between two connections
+    /// for a moment after `connect` returns. Panics after `timeout` with the
+    /// processes still without a node.
+    pub async fn settled_nodes(&self, timeout: std::time::Duration) -> HashMap<String, String> {
+        let deadline = tokio::time::Instant::now() + timeout;
+        loop {
+            let nodes = self.nodes();
+            if nodes.values().all(Option::is_some) {
+                return nodes
+                    .into_iter()
+                    .map(|(id, node)| (id, node.unwrap_or_default()))
+                    .collect();
+            }
+            if tokio::time::Instant::now() >= deadline {
+                let waiting: Vec<&String> = nodes
+                    .iter()
+                    .filter(|(_, node)| node.is_none())
+                    .map(|(id, _)| id)
+                    .collect();
+                panic!("after {timeout:?} these processes are still not connected: {waiting:?}");
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        }
     }
 }
 
