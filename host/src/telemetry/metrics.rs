@@ -50,6 +50,9 @@ pub struct RelayMetrics {
     cluster: ClusterMetrics,
     admin: AdminMetrics,
     client_auth: ClientAuthMetrics,
+    /// The tokio tasks alive, read at each render (a leak of tasks shows
+    /// here first; the soak watches it).
+    runtime_tasks: Gauge,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -305,7 +308,14 @@ impl RelayMetrics {
             "Client Hellos refused for a missing or invalid credential, per reason",
             client_auth.refused.clone(),
         );
+        let runtime_tasks = Gauge::default();
+        registry.register(
+            "runtime_tasks",
+            "Tokio tasks alive in the relay's runtime",
+            runtime_tasks.clone(),
+        );
         RelayMetrics {
+            runtime_tasks,
             cluster,
             client_auth,
             admin,
@@ -404,6 +414,11 @@ impl RelayMetrics {
 
     /// All metrics in the Prometheus text format.
     pub fn render(&self) -> String {
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            let alive = runtime.metrics().num_alive_tasks();
+            self.runtime_tasks
+                .set(i64::try_from(alive).unwrap_or(i64::MAX));
+        }
         let mut out = String::new();
         if let Ok(registry) = self.registry.lock() {
             // Writing to a String cannot fail.
@@ -416,6 +431,21 @@ impl RelayMetrics {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[tokio::test(flavor = "current_thread")]
+    // The handles are kept and the tasks aborted at the end.
+    #[allow(clippy::disallowed_methods)]
+    async fn renders_the_tasks_alive_in_the_runtime() {
+        let metrics = RelayMetrics::new();
+        let waiting: Vec<_> = (0..3)
+            .map(|_| tokio::spawn(std::future::pending::<()>()))
+            .collect();
+        let text = metrics.render();
+        assert!(text.contains("wasmrelay_runtime_tasks 3"), "{text}");
+        for task in &waiting {
+            task.abort();
+        }
+    }
 
     #[test]
     fn renders_flow_counters_and_plugin_histogram() {
