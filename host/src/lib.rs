@@ -10,6 +10,8 @@ pub mod cluster;
 pub mod config;
 pub mod demo;
 pub mod flow;
+#[doc(hidden)]
+pub mod fuzzing;
 pub mod gateway;
 pub mod kafka;
 pub mod link;

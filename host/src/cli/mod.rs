@@ -2,7 +2,7 @@
 //! to each subcommand. Nothing here does the work itself.
 
 mod demo;
-mod message_json;
+pub(crate) mod message_json;
 mod plugin_bench;
 mod plugin_new;
 mod plugin_test;

@@ -188,7 +188,7 @@ struct NodeEntry {
 
 /// Why a heartbeat record was ignored (the `reason` label).
 #[derive(Debug)]
-enum Rejected {
+pub(crate) enum Rejected {
     MissingMac,
     BadMac,
     Malformed(String),
@@ -225,7 +225,7 @@ impl std::fmt::Display for Rejected {
 }
 
 /// The MAC header's value for a heartbeat record.
-fn heartbeat_mac(key: &Key, record_key: &[u8], value: &[u8]) -> Vec<u8> {
+pub(crate) fn heartbeat_mac(key: &Key, record_key: &[u8], value: &[u8]) -> Vec<u8> {
     record_mac(key, HEARTBEAT_KIND, &[record_key, value]).to_vec()
 }
 
@@ -233,7 +233,7 @@ fn heartbeat_mac(key: &Key, record_key: &[u8], value: &[u8]) -> Vec<u8> {
 /// the key must be the node id, and it must be recent (by the sender's
 /// clock, allowing for skew) so that an old record written again is not
 /// taken for a live node.
-fn open_heartbeat(
+pub(crate) fn open_heartbeat(
     key: &Key,
     record: &InputRecord,
     node_timeout: Duration,

@@ -173,12 +173,12 @@ fn reject(metrics: &ClusterMetrics, record: &RecordView<'_>, reason: &str, why: 
 }
 
 /// The MAC of a route record.
-fn route_mac(key: &Key, process_id: &[u8], value: &[u8]) -> Vec<u8> {
+pub(crate) fn route_mac(key: &Key, process_id: &[u8], value: &[u8]) -> Vec<u8> {
     record_mac(key, ROUTE_KIND, &[process_id, value]).to_vec()
 }
 
 /// The MAC of a route tombstone.
-fn removal_mac(key: &Key, process_id: &[u8], node: &str, generation: u64) -> Vec<u8> {
+pub(crate) fn removal_mac(key: &Key, process_id: &[u8], node: &str, generation: u64) -> Vec<u8> {
     record_mac(
         key,
         REMOVAL_KIND,
