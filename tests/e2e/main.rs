@@ -7,6 +7,7 @@
 #![allow(clippy::unwrap_used)]
 
 mod admin_listener;
+mod chaos;
 mod client_auth;
 mod cluster;
 mod cluster_records;
@@ -28,3 +29,4 @@ mod secured_app;
 mod secured_center;
 mod secured_kafka;
 mod sidecar_flow;
+mod soak;

@@ -14,6 +14,7 @@ use std::process::Command;
 use std::sync::OnceLock;
 
 pub mod app;
+pub mod chaos;
 pub mod client_tokens;
 pub mod etcd;
 pub mod fault_proxy;

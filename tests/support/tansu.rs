@@ -185,6 +185,33 @@ impl TestRecord {
         self.partition = Some(partition);
         self
     }
+
+    /// The record for an rdkafka producer, to `topic`.
+    pub fn to_future_record<'a>(&'a self, topic: &'a str) -> FutureRecord<'a, [u8], [u8]> {
+        let mut future = FutureRecord::<[u8], [u8]>::to(topic);
+        if let Some(key) = &self.key {
+            future = future.key(key.as_slice());
+        }
+        if let Some(value) = &self.value {
+            future = future.payload(value.as_slice());
+        }
+        if let Some(partition) = self.partition {
+            future = future.partition(partition);
+        }
+        if !self.headers.is_empty() {
+            let headers = self
+                .headers
+                .iter()
+                .fold(OwnedHeaders::new(), |headers, (key, value)| {
+                    headers.insert(Header {
+                        key: key.as_str(),
+                        value: Some(value.as_slice()),
+                    })
+                });
+            future = future.headers(headers);
+        }
+        future
+    }
 }
 
 /// A record read back. A header with a null value reads as an empty value.
@@ -565,6 +592,27 @@ impl Tansu {
         text
     }
 
+    /// Freezes the broker (SIGSTOP): its sockets stay open and nothing
+    /// answers, as a broker stuck in a long GC pause or on a dead disk.
+    pub fn freeze(&self) {
+        self.signal("-STOP");
+    }
+
+    /// Resumes a broker [`Tansu::freeze`] stopped (SIGCONT).
+    pub fn thaw(&self) {
+        self.signal("-CONT");
+    }
+
+    fn signal(&self, signal: &str) {
+        let pid = self.child.as_ref().expect("the broker is not running").id();
+        let status = std::process::Command::new("kill")
+            .arg(signal)
+            .arg(pid.to_string())
+            .status()
+            .expect("running kill");
+        assert!(status.success(), "kill {signal} {pid} failed");
+    }
+
     /// Kills the broker now (idempotent); its data is gone.
     pub fn kill(&mut self) {
         if let Some(mut child) = self.child.take() {
@@ -707,32 +755,9 @@ impl Tansu {
         records: impl IntoIterator<Item = TestRecord>,
     ) -> Vec<(i32, i64)> {
         let records: Vec<TestRecord> = records.into_iter().collect();
-        let sends = records.iter().map(|record| {
-            let mut future = FutureRecord::<[u8], [u8]>::to(topic);
-            if let Some(key) = &record.key {
-                future = future.key(key.as_slice());
-            }
-            if let Some(value) = &record.value {
-                future = future.payload(value.as_slice());
-            }
-            if let Some(partition) = record.partition {
-                future = future.partition(partition);
-            }
-            if !record.headers.is_empty() {
-                let headers =
-                    record
-                        .headers
-                        .iter()
-                        .fold(OwnedHeaders::new(), |headers, (key, value)| {
-                            headers.insert(Header {
-                                key: key.as_str(),
-                                value: Some(value.as_slice()),
-                            })
-                        });
-                future = future.headers(headers);
-            }
-            producer.send(future, Duration::from_secs(30))
-        });
+        let sends = records
+            .iter()
+            .map(|record| producer.send(record.to_future_record(topic), Duration::from_secs(30)));
         join_all(sends)
             .await
             .into_iter()

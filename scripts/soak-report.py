@@ -1,0 +1,59 @@
+"""The soak's report (scripts/soak.sh): from OUT_DIR/samples.csv and the
+rows and growth lines in OUT_DIR/output.log, writes OUT_DIR/summary.md (a
+table in Markdown) and OUT_DIR/soak.svg (RSS and open files over time, one
+line a process), with nothing but the standard library."""
+
+import csv
+import json
+import sys
+from collections import defaultdict
+
+out, minutes = sys.argv[1], sys.argv[2]
+samples = defaultdict(list)
+with open(f"{out}/samples.csv") as f:
+    for row in csv.DictReader(f):
+        samples[row["process"]].append({k: (v if k == "process" else int(v)) for k, v in row.items()})
+
+rows, growth = [], []
+for line in open(f"{out}/output.log", errors="replace"):
+    if line.startswith("chaos-row "):
+        rows.append(json.loads(line.split(" ", 1)[1]))
+    elif line.startswith("soak-growth "):
+        growth.append(json.loads(line.split(" ", 1)[1]))
+
+lines = [f"Soak of {minutes} minutes (`scripts/soak.sh {minutes}`).", ""]
+lines += ["| flow | produced | delivered | duplicated | lost | longest stall (ms) |", "|---|---|---|---|---|---|"]
+lines += [f"| {r['scenario']} | {r['produced']} | {r['delivered']} | {r['duplicated']} | {r['lost']} | {r['max_stall_ms']} |" for r in rows]
+lines += ["", "| process | measure | after warm-up | at the end | growth |", "|---|---|---|---|---|"]
+lines += [f"| {g['process']} | {g['what']} | {g['after_warm_up']} | {g['at_the_end']} | {g['growth'] * 100:+.1f}% |" for g in growth]
+lines += ["", "| process | samples | tasks (min-max) | threads (min-max) |", "|---|---|---|---|"]
+for process, points in samples.items():
+    tasks = [p["tasks"] for p in points]
+    threads = [p["threads"] for p in points]
+    lines.append(f"| {process} | {len(points)} | {min(tasks)}-{max(tasks)} | {min(threads)}-{max(threads)} |")
+open(f"{out}/summary.md", "w").write("\n".join(lines) + "\n")
+print("\n".join(lines))
+
+# The plot: two panels, RSS (MiB) and open files, against minutes.
+colors = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e"]
+width, panel, margin = 760, 240, 50
+svg = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{2 * panel + 3 * margin}" font-family="sans-serif" font-size="12">',
+       '<rect width="100%" height="100%" fill="white"/>']
+end = max((p["seconds"] for pts in samples.values() for p in pts), default=1) or 1
+for index, (measure, label, scale) in enumerate([("rss_kib", "RSS (MiB)", 1 / 1024), ("open_files", "open files", 1)]):
+    top = margin + index * (panel + margin)
+    peak = max((p[measure] * scale for pts in samples.values() for p in pts), default=1) * 1.1 or 1
+    svg.append(f'<text x="{margin}" y="{top - 8}">{label} against minutes; peak axis {peak:.0f}</text>')
+    svg.append(f'<rect x="{margin}" y="{top}" width="{width - 2 * margin}" height="{panel}" fill="none" stroke="#999"/>')
+    for tick in range(0, int(end // 60) + 1, max(1, int(end // 60) // 10)):
+        x = margin + (tick * 60 / end) * (width - 2 * margin)
+        svg.append(f'<text x="{x:.0f}" y="{top + panel + 14}" text-anchor="middle">{tick}</text>')
+    for color, (process, points) in zip(colors, samples.items()):
+        path = " ".join(f"{margin + p['seconds'] / end * (width - 2 * margin):.1f},{top + panel - p[measure] * scale / peak * panel:.1f}" for p in points)
+        svg.append(f'<polyline fill="none" stroke="{color}" stroke-width="1.5" points="{path}"/>')
+        if index == 0:
+            y = top + 14 + 14 * list(samples).index(process)
+            svg.append(f'<text x="{width - margin - 150}" y="{y}" fill="{color}">{process}</text>')
+svg.append("</svg>")
+open(f"{out}/soak.svg", "w").write("\n".join(svg) + "\n")
+print(f"soak-report: wrote {out}/summary.md and {out}/soak.svg")

@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# The soak: a sidecar and a three-node cluster under steady load for
+# MINUTES, a fault every minute in turn (tests/e2e/soak.rs), each relay's
+# RSS, open files, threads and tokio tasks sampled every 10 s. Fails on any
+# loss, or if the RSS or open files of a relay that ran throughout grew by
+# 5% or more from minute 5 (half the run, if shorter than 10 minutes) to
+# the end.
+#
+#   scripts/soak.sh MINUTES [OUT_DIR]
+#
+# OUT_DIR (default target/soak) gets samples.csv, summary.md (the growth
+# table) and soak.svg (the plot). Expects what scripts/test.sh builds
+# first (the example plugins, the wasmrelay binary).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+minutes="${1:-}"
+case "$minutes" in
+  '' | *[!0-9]*) echo "usage: $0 MINUTES [OUT_DIR]  (MINUTES: a whole number, not '$minutes')" >&2; exit 2 ;;
+esac
+out="${2:-target/soak}"
+mkdir -p "$out"
+out="$(cd "$out" && pwd)"
+export WASMRELAY_SOAK_MINUTES="$minutes" WASMRELAY_SOAK_CSV="$out/samples.csv"
+
+# --workspace, as scripts/test.sh builds the tests: with `-p` the
+# dependencies get other features and are all built again.
+set +e
+cargo nextest run --workspace --locked --no-capture --run-ignored only \
+  -E 'binary(e2e) & test(/^soak::/)' 2>&1 | tee "$out/output.log"
+status=${PIPESTATUS[0]}
+set -e
+
+python3 scripts/soak-report.py "$out" "$minutes"
+if ((status != 0)); then
+  echo "soak.sh: the soak failed (exit $status); see $out/output.log" >&2
+fi
+exit "$status"
