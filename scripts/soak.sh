@@ -26,7 +26,7 @@ export WASMRELAY_SOAK_MINUTES="$minutes" WASMRELAY_SOAK_CSV="$out/samples.csv"
 # --workspace, as scripts/test.sh builds the tests: with `-p` the
 # dependencies get other features and are all built again.
 set +e
-cargo nextest run --workspace --locked --no-capture --run-ignored only \
+cargo nextest run --workspace --locked --profile soak --no-capture --run-ignored only \
   -E 'binary(e2e) & test(/^soak::/)' 2>&1 | tee "$out/output.log"
 status=${PIPESTATUS[0]}
 set -e
