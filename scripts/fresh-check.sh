@@ -256,7 +256,7 @@ if $reuse && [[ -d "$root$src/.git" ]]; then
   say "updating the clone in the root to ${sha:0:12} (keeping its build directories)"
   git -C "$root$src" fetch --quiet "$repo" "$sha"
   git -C "$root$src" checkout --quiet --force --detach "$sha"
-  git -C "$root$src" clean -ffdxq -e /target/ -e /plugins/target/ -e /protocol/fuzz/target/ -e /host/fuzz/target/
+  git -C "$root$src" clean -ffdxq -e /target/ -e /plugins/target/ -e /protocol/fuzz/target/
 else
   rm -rf "${root:?}$src"
   say "cloning ${sha:0:12} ($ref) into the root"

@@ -15,17 +15,25 @@
 #                  `plugin test` input lines); their checks are in
 #                  host/src/fuzzing.rs.
 #
-# Installs cargo-fuzz if it is missing. cargo fuzz passes nightly-only flags
-# (-Zsanitizer=address, ...); RUSTC_BOOTSTRAP=1 makes the stable toolchain
-# accept them, so no nightly toolchain is needed. FUZZ_SANITIZER=none builds
-# without AddressSanitizer (faster; the targets are safe Rust anyway). The
-# host targets are built without optimisations (`--dev`): the host's
-# dependencies (wasmtime, librdkafka) take several times as long to build
-# optimised, and these parsers are fast either way.
+# The frame decoder's targets are built by cargo fuzz (installed if
+# missing), which passes nightly-only flags (-Zsanitizer=address, ...);
+# RUSTC_BOOTSTRAP=1 makes the stable toolchain accept them, so no nightly
+# toolchain is needed. FUZZ_SANITIZER=none builds them without
+# AddressSanitizer.
 #
-# Build output goes to PROJECT/fuzz/target/, the corpus libFuzzer grows to
-# PROJECT/fuzz/corpus/TARGET/ (both git-ignored); the committed seeds in
-# PROJECT/fuzz/seeds/TARGET/ are read as a second, read-only corpus.
+# The host's targets (host/fuzz, a member of the root workspace) are built
+# by cargo itself into the root target directory, with
+# scripts/fuzz-rustc.sh as RUSTC_WORKSPACE_WRAPPER: only the workspace's own
+# crates get libFuzzer's coverage instrumentation, the dependencies are
+# those `cargo build -p wasmrelay` builds (wasmtime and librdkafka are not
+# built again for fuzzing), and there is no sanitizer (the host forbids
+# unsafe code). Not through RUSTC_BOOTSTRAP: it would make proc-macro2 and
+# everything after it build again.
+#
+# Corpus: libFuzzer grows PROJECT/fuzz/corpus/TARGET/ (git-ignored); the
+# committed seeds in PROJECT/fuzz/seeds/TARGET/ are read as a second,
+# read-only corpus; a crash's reproducer goes to
+# PROJECT/fuzz/artifacts/TARGET/.
 set -euo pipefail
 
 runs="${1:-200000}"
@@ -59,35 +67,49 @@ report() {
 }
 trap report EXIT
 
-if ! cargo fuzz --version >/dev/null 2>&1; then
+needs_cargo_fuzz=false
+for target in "${targets[@]}"; do
+  [[ "$(project_of "$target")" == protocol ]] && needs_cargo_fuzz=true
+done
+if $needs_cargo_fuzz && ! cargo fuzz --version >/dev/null 2>&1; then
   echo "fuzz.sh: installing cargo-fuzz" >&2
   cargo install cargo-fuzz --locked
 fi
-export RUSTC_BOOTSTRAP=1
 
-# The same options for build and run, so that `run` does not build again.
-options_of() {
+# Builds a project's targets once; prints nothing.
+built=""
+build() {
+  [[ " $built " == *" $1 "* ]] && return
+  local build_started=$SECONDS
   case "$1" in
-    protocol) echo "--sanitizer $sanitizer --debug-assertions" ;;
-    host) echo "--sanitizer $sanitizer --dev" ;;
+    protocol)
+      (cd "$root/protocol" && RUSTC_BOOTSTRAP=1 cargo fuzz build --sanitizer "$sanitizer" --debug-assertions) ;;
+    host)
+      (cd "$root" && RUSTC_WORKSPACE_WRAPPER="$root/scripts/fuzz-rustc.sh" \
+        cargo build --locked -p wasmrelay-host-fuzz --bins) ;;
   esac
+  echo "fuzz.sh: building $1/fuzz took $((SECONDS - build_started)) s" >&2
+  built="$built $1"
 }
 
-built=""
+target_dir="$(cd "$root" && cargo metadata --format-version 1 --no-deps --locked |
+  python3 -c 'import json, sys; print(json.load(sys.stdin)["target_directory"])')"
+
 for target in "${targets[@]}"; do
   project="$(project_of "$target")"
-  read -r -a options <<<"$(options_of "$project")"
-  cd "$root/$project"
-  if [[ " $built " != *" $project "* ]]; then
-    build_started=$SECONDS
-    cargo fuzz build "${options[@]}"
-    echo "fuzz.sh: building $project/fuzz took $((SECONDS - build_started)) s" >&2
-    built="$built $project"
-  fi
-  corpus="fuzz/corpus/$target"
-  mkdir -p "$corpus"
+  build "$project"
+  fuzz_dir="$root/$project/fuzz"
+  corpus="$fuzz_dir/corpus/$target"
+  artifacts="$fuzz_dir/artifacts/$target"
+  mkdir -p "$corpus" "$artifacts"
   run_started=$SECONDS
-  cargo fuzz run "${options[@]}" "$target" "$corpus" "fuzz/seeds/$target" -- \
-    -runs="$runs" -max_len=70000
+  libfuzzer_options=(-runs="$runs" -max_len=70000 -artifact_prefix="$artifacts/")
+  case "$project" in
+    protocol)
+      (cd "$root/protocol" && RUSTC_BOOTSTRAP=1 cargo fuzz run --sanitizer "$sanitizer" --debug-assertions \
+        "$target" "$corpus" "$fuzz_dir/seeds/$target" -- "${libfuzzer_options[@]}") ;;
+    host)
+      "$target_dir/debug/$target" "${libfuzzer_options[@]}" "$corpus" "$fuzz_dir/seeds/$target" ;;
+  esac
   echo "fuzz.sh: $target, $runs runs took $((SECONDS - run_started)) s" >&2
 done
