@@ -68,7 +68,8 @@ pub struct ConsumerOptions {
     /// How often librdkafka commits stored offsets.
     pub commit_interval: Duration,
     /// How long a revoked partition's in-flight work may take to finish
-    /// before it is abandoned (and consumed again by the new owner).
+    /// before it is abandoned (and consumed again by the new owner); at
+    /// most half of the link's `max.poll.interval.ms` ([`revoke_drain_bound`]).
     pub revoke_drain_timeout: Duration,
     /// How long in-flight work may take to finish at shutdown.
     pub shutdown_grace: Duration,
@@ -251,11 +252,12 @@ impl PartitionedConsumer {
         group: &str,
         topic: &str,
         handler: Arc<dyn MessageHandler>,
-        options: ConsumerOptions,
+        mut options: ConsumerOptions,
         shutdown: CancellationToken,
     ) -> anyhow::Result<Self> {
         let (finished_tx, finished_rx) = mpsc::unbounded_channel();
         let mut config = link.consumer_config(group, options.commit_interval);
+        options.revoke_drain_timeout = revoke_drain_bound(options.revoke_drain_timeout, &config);
         let rejoin = options.lost_peers.clone().map(|lost_peers| {
             let (session_timeout, heartbeat_interval) = group_timeouts(link, &mut config);
             Mutex::new(Rejoin {
@@ -673,6 +675,24 @@ impl Shared {
 }
 
 /// Pauses or resumes one partition; true when it worked.
+/// librdkafka's `max.poll.interval.ms` when the link does not set it.
+const DEFAULT_MAX_POLL_INTERVAL: Duration = Duration::from_secs(300);
+
+/// How long a revocation may wait for in-flight work: `configured`, but at
+/// most half of the consumer's `max.poll.interval.ms`. The wait runs inside
+/// the rebalance callback, where the consumer does not poll; one that does
+/// not poll for the whole interval is put out of the group, and its
+/// in-flight work is abandoned anyway (seen in the soak: a 10 s drain with
+/// a 10 s interval, after every broker cut that outlasted the session).
+fn revoke_drain_bound(configured: Duration, config: &rdkafka::ClientConfig) -> Duration {
+    let max_poll = config
+        .get("max.poll.interval.ms")
+        .and_then(|ms| ms.trim().parse::<u64>().ok())
+        .map(Duration::from_millis)
+        .unwrap_or(DEFAULT_MAX_POLL_INTERVAL);
+    configured.min(max_poll / 2)
+}
+
 /// The session timeout and heartbeat interval of a consumer that rejoins for
 /// lost peers: the link's when it sets them, else
 /// [`DEFAULT_SESSION_TIMEOUT`] and a third of the session (set in `config`).
@@ -712,5 +732,36 @@ fn pause(consumer: &RelayBaseConsumer, topic: &str, partition: i32, paused: bool
             tracing::debug!(topic, partition, paused, %error, "pausing/resuming a partition");
             false
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn config_with(max_poll_ms: Option<&str>) -> rdkafka::ClientConfig {
+        let mut config = rdkafka::ClientConfig::new();
+        if let Some(ms) = max_poll_ms {
+            config.set("max.poll.interval.ms", ms);
+        }
+        config
+    }
+
+    #[test]
+    fn a_revocation_waits_at_most_half_the_poll_interval() {
+        let ten = Duration::from_secs(10);
+        // The soak's sidecar: a 10 s drain in a 10 s interval left the group.
+        assert_eq!(
+            revoke_drain_bound(ten, &config_with(Some("10000"))),
+            Duration::from_secs(5)
+        );
+        // Shorter than half: as configured.
+        assert_eq!(revoke_drain_bound(ten, &config_with(Some("60000"))), ten);
+        // librdkafka's default interval (300 s) when the link sets none.
+        assert_eq!(revoke_drain_bound(ten, &config_with(None)), ten);
+        assert_eq!(
+            revoke_drain_bound(Duration::from_secs(900), &config_with(None)),
+            Duration::from_secs(150)
+        );
     }
 }
