@@ -77,24 +77,25 @@ async fn distinct_in(kafka: &Tansu, topic: &str, header_name: &str) -> HashSet<S
         .collect()
 }
 
-/// Waits until the group's commits on `topic` add up to `total` (every
-/// partition at its end).
-async fn wait_commit_at_end(
-    kafka: &Tansu,
-    group: &str,
-    topic: &str,
-    total: usize,
-    log: impl Fn() -> String,
-) {
+/// Waits until the group's commit on every partition of `topic` is at the
+/// partition's end (its high watermark). The end, not the count of records
+/// the load produced: a producer retry in a cut can store a record twice
+/// (seen in scenario c: 4,011 records for 4,010 produced).
+async fn wait_commit_at_end(kafka: &Tansu, group: &str, topic: &str, log: impl Fn() -> String) {
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
+        let end = kafka.high_watermarks(topic).await;
         let committed = kafka.committed_offsets(group, topic).await;
-        if committed.values().sum::<i64>() == i64::try_from(total).unwrap() {
+        if !end.is_empty()
+            && end
+                .iter()
+                .all(|(partition, end)| committed.get(partition).is_some_and(|c| c >= end))
+        {
             return;
         }
         assert!(
             Instant::now() < deadline,
-            "the commit stopped short of the end ({total}): {committed:?}\n{}",
+            "the commit stopped short of the end {end:?}: {committed:?}\n{}",
             log()
         );
         tokio::time::sleep(Duration::from_millis(500)).await;
@@ -199,14 +200,14 @@ async fn run_sidecar(
         || relay.log(),
     )
     .await;
-    wait_commit_at_end(&kafka, SIDECAR_GROUP, INPUT, total, || relay.log()).await;
+    wait_commit_at_end(&kafka, SIDECAR_GROUP, INPUT, || relay.log()).await;
     let returned = distinct_in(&kafka, OUTPUT, "wasmrelay-delivery-id").await;
     let dead: HashSet<String> = distinct_in(&kafka, SIDECAR_DLQ, "wasmrelay-delivery-id")
         .await
         .difference(&returned)
         .cloned()
         .collect();
-    wait_commit_at_end(&kafka, SIDECAR_GROUP, INPUT, total, || relay.log()).await;
+    wait_commit_at_end(&kafka, SIDECAR_GROUP, INPUT, || relay.log()).await;
     run.finish(Outcome {
         delivered: returned.len(),
         duplicated: app.count() - app.distinct_deliveries(),
@@ -306,7 +307,7 @@ async fn finish_cluster(
     .await;
     let received = pool.received();
     let delivered: HashSet<Vec<u8>> = received.iter().map(|r| r.value.clone()).collect();
-    wait_commit_at_end(kafka, CLUSTER_GROUP, BUSINESS, total, &log).await;
+    wait_commit_at_end(kafka, CLUSTER_GROUP, BUSINESS, &log).await;
     let dead = whole_topic(kafka, CLUSTER_DLQ)
         .await
         .into_iter()
@@ -625,8 +626,8 @@ url = "{url}"
         || relay.log(),
     )
     .await;
-    for (kafka, produced) in clusters.iter().zip(per_cluster) {
-        wait_commit_at_end(kafka, SIDECAR_GROUP, INPUT, produced, || relay.log()).await;
+    for kafka in &clusters {
+        wait_commit_at_end(kafka, SIDECAR_GROUP, INPUT, || relay.log()).await;
     }
     let versions: HashSet<String> = app
         .receipts()
@@ -795,7 +796,7 @@ async fn chaos_h_slow_and_non_reading_clients_mixed_with_fast_ones() {
         "messages of processes that read were dead-lettered: {wrongly_dead:?}\n{}",
         node.log()
     );
-    wait_commit_at_end(&kafka, CLUSTER_GROUP, BUSINESS, total, || node.log()).await;
+    wait_commit_at_end(&kafka, CLUSTER_GROUP, BUSINESS, || node.log()).await;
     drop(deaf);
     run.drain(
         total,
