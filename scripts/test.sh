@@ -9,7 +9,31 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-say() { printf '\033[1m==> %s\033[0m\n' "$*" >&2; }
+# Each step says how long the one before it took, and the end prints them all,
+# so a slow CI run shows where its time went.
+step_name=""
+step_start=$SECONDS
+suite_start=$SECONDS
+step_times=()
+end_step() {
+  if [[ -n "$step_name" ]]; then
+    step_times+=("$(printf '%5d s  %s' $((SECONDS - step_start)) "$step_name")")
+  fi
+}
+say() {
+  end_step
+  step_name="$*"
+  step_start=$SECONDS
+  printf '\033[1m==> %s\033[0m\n' "$*" >&2
+}
+print_step_times() {
+  local status=$?
+  end_step
+  step_name=""
+  printf '\n\033[1m==> time per step (%d s in all, exit %d)\033[0m\n' $((SECONDS - suite_start)) "$status" >&2
+  printf '%s\n' "${step_times[@]}" >&2
+}
+trap print_step_times EXIT
 
 # A full build of the workspace and its tests takes about 15 GiB; say so up
 # front rather than failing an hour in with "No space left on device".
@@ -19,6 +43,7 @@ if [[ -n "$free_kib" ]] && ((free_kib < 20 * 1024 * 1024)); then
     $((free_kib / 1024 / 1024)) "$(pwd)" >&2
 fi
 
+say "set-up (scripts/setup.sh)"
 scripts/setup.sh
 
 say "cargo fmt --check (host and plugins)"
