@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # The soak: a sidecar and a three-node cluster under steady load for
 # MINUTES, a fault every minute in turn (tests/e2e/soak.rs), each relay's
-# RSS, open files, threads and tokio tasks sampled every 10 s. Fails on any
-# loss, or if the RSS or open files of a relay that ran throughout grew by
-# 5% or more from minute 5 (half the run, if shorter than 10 minutes) to
-# the end.
+# RSS, open files, threads, tokio tasks, client connections and unfinished
+# records sampled every 10 s. Fails on any loss, or if the RSS or the open
+# files (less a node's client connections) of a relay that ran throughout
+# grew by 5% or more from minute 5 (half the run, if shorter than 10
+# minutes) to the end.
 #
 #   scripts/soak.sh MINUTES [OUT_DIR]
 #

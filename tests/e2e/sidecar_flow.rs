@@ -741,3 +741,64 @@ async fn the_sidecar_example_runs_as_is_with_the_example_app() {
         assert_eq!(header_str(record, "handled-by"), "example-app");
     }
 }
+
+/// The flow's gauges say where unfinished records are, for an operator
+/// asking why a relay is behind: held at an unreachable application
+/// (`wasmrelay_messages_in_progress`), or answered and waiting for a frozen
+/// broker to acknowledge their data-returns (`wasmrelay_messages_awaiting_ack`);
+/// both are back at zero once everything is done.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_flow_gauges_show_records_held_at_the_app_and_awaiting_kafka() {
+    const COUNT: usize = 100;
+    let kafka = Tansu::start();
+    kafka.create_topic(INPUT, 3).await;
+    let app = TestApp::start(answer_ok).await;
+    let app_proxy = support::fault_proxy::FaultProxy::to(
+        app.url
+            .trim_start_matches("http://")
+            .trim_end_matches("/calls")
+            .parse()
+            .unwrap(),
+    );
+    let app_url = format!("http://{}/calls", app_proxy.addr());
+    let relay = RelayProcess::start(&config(&kafka, &app_url, r#""json-enrich""#, ""), &[]);
+    let in_progress = || relay.metric(r#"wasmrelay_messages_in_progress{flow="orders"}"#);
+    let awaiting_ack = || relay.metric(r#"wasmrelay_messages_awaiting_ack{flow="orders"}"#);
+
+    app_proxy.cut();
+    kafka.produce(INPUT, inputs(COUNT)).await;
+    relay
+        .wait_for(
+            "records held at the unreachable app",
+            Duration::from_secs(30),
+            || in_progress() > 0,
+        )
+        .await;
+    assert_eq!(awaiting_ack(), 0, "nothing was answered yet");
+
+    kafka.freeze();
+    app_proxy.restore();
+    let answered_while_frozen = Instant::now();
+    while awaiting_ack() == 0 && answered_while_frozen.elapsed() < Duration::from_secs(5) {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let seen_awaiting = awaiting_ack();
+    let seen_in_progress = in_progress();
+    kafka.thaw();
+    assert!(
+        seen_awaiting > 0 && seen_in_progress >= seen_awaiting,
+        "answers waiting for the frozen broker: awaiting_ack {seen_awaiting}, in_progress {seen_in_progress}\n{}",
+        relay.log()
+    );
+
+    relay
+        .wait_for("every call answered", Duration::from_secs(60), || {
+            app.distinct_deliveries() >= COUNT
+        })
+        .await;
+    relay
+        .wait_for("both gauges back at zero", Duration::from_secs(30), || {
+            in_progress() == 0 && awaiting_ack() == 0
+        })
+        .await;
+}

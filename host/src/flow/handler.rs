@@ -33,7 +33,7 @@ use crate::kafka::consumer::{Completion, MessageHandler, Outcome};
 use crate::kafka::producer::Delivered;
 use crate::kafka::{InputRecord, OutputRecord};
 use crate::link::KafkaLink;
-use crate::telemetry::metrics::FlowMetrics;
+use crate::telemetry::metrics::{FlowMetrics, HeldGauge};
 
 /// Waits between attempts to write a dead letter that Kafka refused.
 const DEAD_LETTER_RETRY: Duration = Duration::from_millis(500);
@@ -120,6 +120,8 @@ impl FlowHandler {
         abort: CancellationToken,
     ) -> Completion {
         self.metrics.consumed.inc();
+        // Given back however the record ends, with the completion below.
+        let in_progress = HeldGauge::hold(&self.metrics.in_progress);
         let original = OutputRecord {
             key: input.key.clone(),
             value: input.value.clone(),
@@ -204,7 +206,9 @@ impl FlowHandler {
             }
         }
         let flow = self.clone();
+        let awaiting_ack = HeldGauge::hold(&self.metrics.awaiting_ack);
         async move {
+            let _held = (in_progress, awaiting_ack);
             for delivery in deliveries {
                 match delivery.end.await {
                     DeliveryEnd::Delivered => {

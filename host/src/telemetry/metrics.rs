@@ -43,6 +43,8 @@ pub struct RelayMetrics {
     returned: Family<FlowLabels, Counter>,
     dead_lettered: Family<FlowLabels, Counter>,
     retried: Family<FlowLabels, Counter>,
+    in_progress: Family<FlowLabels, Gauge>,
+    awaiting_ack: Family<FlowLabels, Gauge>,
     plugin_call_seconds: Family<PluginLabels, Histogram, fn() -> Histogram>,
     link_switches: Family<LinkLabels, Counter>,
     link_switches_refused: Family<LinkLabels, Counter>,
@@ -171,6 +173,33 @@ pub struct FlowMetrics {
     pub dead_lettered: Counter,
     /// Retries (each wait before another attempt counts once).
     pub retried: Counter,
+    /// Records consumed and not finished yet: in a plugin, at the
+    /// application, or waiting for Kafka to acknowledge their outputs.
+    pub in_progress: Gauge,
+    /// Of those, the records past their ordered part that wait for
+    /// acknowledgements: Kafka's of their outputs (and, in a cluster flow,
+    /// the process's of its delivery). High when the broker is slow.
+    pub awaiting_ack: Gauge,
+}
+
+/// Holds one unit of a gauge while alive: [`HeldGauge::hold`] increments,
+/// dropping decrements, so every way out of a piece of work (finished,
+/// failed, abandoned) gives it back.
+#[derive(Debug)]
+pub struct HeldGauge(Gauge);
+
+impl HeldGauge {
+    /// Increments `gauge` until the returned value is dropped.
+    pub fn hold(gauge: &Gauge) -> HeldGauge {
+        gauge.inc();
+        HeldGauge(gauge.clone())
+    }
+}
+
+impl Drop for HeldGauge {
+    fn drop(&mut self) {
+        self.0.dec();
+    }
 }
 
 impl Default for RelayMetrics {
@@ -188,6 +217,8 @@ impl RelayMetrics {
         let returned = Family::<FlowLabels, Counter>::default();
         let dead_lettered = Family::<FlowLabels, Counter>::default();
         let retried = Family::<FlowLabels, Counter>::default();
+        let in_progress = Family::<FlowLabels, Gauge>::default();
+        let awaiting_ack = Family::<FlowLabels, Gauge>::default();
         let plugin_call_seconds =
             Family::<PluginLabels, Histogram, fn() -> Histogram>::new_with_constructor(
                 plugin_call_histogram,
@@ -314,8 +345,20 @@ impl RelayMetrics {
             "Tokio tasks alive in the relay's runtime",
             runtime_tasks.clone(),
         );
+        registry.register(
+            "messages_in_progress",
+            "Records consumed and not finished yet (in plugins, at the application, or awaiting Kafka's acknowledgement), per flow",
+            in_progress.clone(),
+        );
+        registry.register(
+            "messages_awaiting_ack",
+            "Records past their ordered part that wait for acknowledgements (Kafka's of their outputs, a process's of its delivery), per flow",
+            awaiting_ack.clone(),
+        );
         RelayMetrics {
             runtime_tasks,
+            in_progress,
+            awaiting_ack,
             cluster,
             client_auth,
             admin,
@@ -344,6 +387,8 @@ impl RelayMetrics {
             returned: self.returned.get_or_create(&labels).clone(),
             dead_lettered: self.dead_lettered.get_or_create(&labels).clone(),
             retried: self.retried.get_or_create(&labels).clone(),
+            in_progress: self.in_progress.get_or_create(&labels).clone(),
+            awaiting_ack: self.awaiting_ack.get_or_create(&labels).clone(),
         }
     }
 
@@ -445,6 +490,34 @@ mod tests {
         for task in &waiting {
             task.abort();
         }
+    }
+
+    #[test]
+    fn a_held_gauge_counts_while_alive_and_is_given_back_on_drop() {
+        let metrics = RelayMetrics::new();
+        let flow = metrics.flow("orders");
+        let first = HeldGauge::hold(&flow.in_progress);
+        let second = HeldGauge::hold(&flow.in_progress);
+        let waiting = HeldGauge::hold(&flow.awaiting_ack);
+        let text = metrics.render();
+        assert!(
+            text.contains(r#"wasmrelay_messages_in_progress{flow="orders"} 2"#),
+            "{text}"
+        );
+        assert!(
+            text.contains(r#"wasmrelay_messages_awaiting_ack{flow="orders"} 1"#),
+            "{text}"
+        );
+        drop((first, second, waiting));
+        let text = metrics.render();
+        assert!(
+            text.contains(r#"wasmrelay_messages_in_progress{flow="orders"} 0"#),
+            "{text}"
+        );
+        assert!(
+            text.contains(r#"wasmrelay_messages_awaiting_ack{flow="orders"} 0"#),
+            "{text}"
+        );
     }
 
     #[test]
