@@ -4,8 +4,9 @@
 # RSS, open files, threads, tokio tasks, client connections and unfinished
 # records sampled every 10 s. Fails on any loss, or if the RSS or the open
 # files (less a node's client connections) of a relay that ran throughout
-# grew by 5% or more from minute 5 (half the run, if shorter than 10
-# minutes) to the end.
+# grew by 5% or more from the first five-minute fault cycle after minute 5
+# to the last one (the second quarter of the run against its second half,
+# if it is shorter than 15 minutes).
 #
 #   scripts/soak.sh MINUTES [OUT_DIR]
 #

@@ -264,24 +264,10 @@ fn key_of(secret: &[u8], purpose: Purpose) -> Key {
 }
 
 fn route_table() -> std::sync::Arc<RouteTable> {
-    #[derive(Debug)]
-    struct NoUpstream;
-    impl crate::gateway::Upstream for NoUpstream {
-        fn send(
-            &self,
-            _: &str,
-            _: wasmrelay_protocol::v1::Send,
-        ) -> futures::future::BoxFuture<
-            'static,
-            Result<crate::gateway::Accepted, crate::gateway::UpstreamError>,
-        > {
-            Box::pin(async { Err(crate::gateway::UpstreamError::Refused("none".to_string())) })
-        }
-    }
     let gateway = crate::gateway::Gateway::new(
         Default::default(),
         crate::gateway::ClientAuth::none(),
-        std::sync::Arc::new(NoUpstream),
+        std::sync::Arc::new(crate::gateway::RefusingUpstream),
         None,
     );
     RouteTable::new(

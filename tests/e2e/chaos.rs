@@ -540,38 +540,11 @@ async fn chaos_g_center_flips_and_plugin_reloads_together_under_load() {
         &support::version_tag_bytes(0),
     );
     let app = TestApp::start(answer).await;
-    let config = format!(
-        r#"
-shutdown_grace = "20s"
-[admin]
-listen = "127.0.0.1:0"
-[plugins]
-dir = "{plugins}"
-[center]
-kind = "dir"
-dir = "{center}"
-drain_timeout = "20s"
-[links.main]
-from_center = true
-[links.main.options]
-"batch.num.messages" = "1"
-"fetch.wait.max.ms" = "10"
-"session.timeout.ms" = "6000"
-"heartbeat.interval.ms" = "500"
-[[flows]]
-name = "orders"
-link = "main"
-input_topic = "{INPUT}"
-service_call = ["version-tag"]
-output_topic = "{OUTPUT}"
-dead_letter_topic = "{SIDECAR_DLQ}"
-retry = {{ initial_backoff = "10ms", max_backoff = "100ms", budget = "20s" }}
-[flows.deliver.app]
-url = "{url}"
-"#,
-        plugins = plugins.path().display(),
-        center = center.path().display(),
-        url = app.url,
+    let config = crate::link_switch::center_sidecar_config(
+        &crate::link_switch::dir_center(center.path()),
+        plugins.path(),
+        "version-tag",
+        &app.url,
     );
     let relay = RelayProcess::start(&config, &[]);
     let mut run = ChaosRun::start("g: center flips every 2 s, plugin reloads every 1 s");

@@ -42,7 +42,7 @@ fn kafka_value(kafka: &Tansu) -> String {
 }
 
 /// The `[center]` section of a `dir` center.
-fn dir_center(dir: &Path) -> String {
+pub(crate) fn dir_center(dir: &Path) -> String {
     format!("kind = \"dir\"\ndir = \"{}\"", dir.display())
 }
 
@@ -58,9 +58,23 @@ fn etcd_center(etcd: &Etcd) -> String {
 }
 
 fn relay_config(center: &str, app_url: &str) -> String {
-    let plugins = support::plugins_dist().display();
+    center_sidecar_config(center, support::plugins_dist(), "json-enrich", app_url)
+}
+
+/// A sidecar config whose link `main` follows the config center `center`
+/// (the body of `[center]`), plugins from `plugins`, and flow `orders` from
+/// `service-calls` through the plugin `service_call` to the application
+/// at `app_url` (also the chaos scenario g's).
+pub(crate) fn center_sidecar_config(
+    center: &str,
+    plugins: &Path,
+    service_call: &str,
+    app_url: &str,
+) -> String {
+    let plugins = plugins.display();
     format!(
         r#"
+shutdown_grace = "20s"
 [admin]
 listen = "127.0.0.1:0"
 [plugins]
@@ -79,7 +93,7 @@ from_center = true
 name = "orders"
 link = "main"
 input_topic = "{INPUT}"
-service_call = ["json-enrich"]
+service_call = ["{service_call}"]
 output_topic = "data-returns"
 dead_letter_topic = "service-calls.dlq"
 retry = {{ initial_backoff = "10ms", max_backoff = "100ms", budget = "20s" }}

@@ -1022,27 +1022,13 @@ pub async fn refresh_routes(
 mod tests {
     use super::*;
 
-    struct NoUpstream;
-    impl crate::gateway::Upstream for NoUpstream {
-        fn send(
-            &self,
-            _: &str,
-            _: wasmrelay_protocol::v1::Send,
-        ) -> futures::future::BoxFuture<
-            'static,
-            Result<crate::gateway::Accepted, crate::gateway::UpstreamError>,
-        > {
-            Box::pin(async { Err(crate::gateway::UpstreamError::Refused("none".to_string())) })
-        }
-    }
-
     const TIMEOUT: Duration = Duration::from_secs(5);
 
     pub(super) fn table() -> Arc<RouteTable> {
         let gateway = Gateway::new(
             Default::default(),
             crate::gateway::ClientAuth::none(),
-            Arc::new(NoUpstream),
+            Arc::new(crate::gateway::RefusingUpstream),
             None,
         );
         RouteTable::new("a", key(), TIMEOUT, gateway, ClusterMetrics::default())
@@ -1309,7 +1295,7 @@ mod tests {
         let gateway = Gateway::new(
             Default::default(),
             crate::gateway::ClientAuth::none(),
-            Arc::new(NoUpstream),
+            Arc::new(crate::gateway::RefusingUpstream),
             None,
         );
         RouteTable::new(node, key(), TIMEOUT, gateway, ClusterMetrics::default())

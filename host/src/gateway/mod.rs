@@ -130,6 +130,17 @@ pub trait Upstream: Send + Sync + 'static {
     ) -> BoxFuture<'static, Result<Accepted, UpstreamError>>;
 }
 
+/// An upstream that refuses every `Send`: for a gateway that only holds
+/// routes, as in the route table's tests and the route-record fuzz target.
+#[derive(Debug)]
+pub struct RefusingUpstream;
+
+impl Upstream for RefusingUpstream {
+    fn send(&self, _: &str, _: v1::Send) -> BoxFuture<'static, Result<Accepted, UpstreamError>> {
+        Box::pin(async { Err(UpstreamError::Refused("no upstream".to_string())) })
+    }
+}
+
 /// A send on its way: resolves when Kafka has it.
 pub type Accepted = BoxFuture<'static, Result<(), UpstreamError>>;
 

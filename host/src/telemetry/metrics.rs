@@ -499,25 +499,15 @@ mod tests {
         let first = HeldGauge::hold(&flow.in_progress);
         let second = HeldGauge::hold(&flow.in_progress);
         let waiting = HeldGauge::hold(&flow.awaiting_ack);
-        let text = metrics.render();
-        assert!(
-            text.contains(r#"wasmrelay_messages_in_progress{flow="orders"} 2"#),
-            "{text}"
-        );
-        assert!(
-            text.contains(r#"wasmrelay_messages_awaiting_ack{flow="orders"} 1"#),
-            "{text}"
-        );
+        let shows = |sample: &str| {
+            let text = metrics.render();
+            assert!(text.contains(sample), "{sample} not in:\n{text}");
+        };
+        shows(r#"wasmrelay_messages_in_progress{flow="orders"} 2"#);
+        shows(r#"wasmrelay_messages_awaiting_ack{flow="orders"} 1"#);
         drop((first, second, waiting));
-        let text = metrics.render();
-        assert!(
-            text.contains(r#"wasmrelay_messages_in_progress{flow="orders"} 0"#),
-            "{text}"
-        );
-        assert!(
-            text.contains(r#"wasmrelay_messages_awaiting_ack{flow="orders"} 0"#),
-            "{text}"
-        );
+        shows(r#"wasmrelay_messages_in_progress{flow="orders"} 0"#);
+        shows(r#"wasmrelay_messages_awaiting_ack{flow="orders"} 0"#);
     }
 
     #[test]
