@@ -84,6 +84,7 @@ impl Kind {
             Kind::MeshSealed(_) => "mesh_sealed",
             Kind::MeshLookup(_) => "mesh_lookup",
             Kind::MeshLookupAnswer(_) => "mesh_lookup_answer",
+            Kind::MeshRecordsMissed(_) => "mesh_records_missed",
         }
     }
 }

@@ -428,8 +428,9 @@ impl MeshCodec {
                     reason: format!("a {} frame may not be sealed", inner.kind_name()),
                 })
             }
-            // Forward, ForwardAck, MeshLookup, MeshLookupAnswer, Ping, Pong,
-            // Error: which way each may go is for the link to judge.
+            // Forward, ForwardAck, MeshLookup, MeshLookupAnswer,
+            // MeshRecordsMissed, Ping, Pong, Error: which way each may go is
+            // for the link to judge.
             Some(_) => Ok(inner),
         }
     }

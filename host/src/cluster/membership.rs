@@ -329,6 +329,8 @@ pub async fn check_no_live_twin(
             Some(TailEvent::CaughtUp) => {
                 deadline.get_or_insert_with(|| Instant::now() + watch);
             }
+            // Heartbeats repeat: the next one makes up for a missed one.
+            Some(TailEvent::Missed { .. }) => {}
             Some(TailEvent::Record(record)) => {
                 let beat = match open_heartbeat(&options.key, &record, options.node_timeout) {
                     Ok(beat) => beat,

@@ -33,6 +33,16 @@
 //! timeout: others may have evicted its routes), so a node that missed a
 //! record (a broker that lost it) learns it within a period.
 //!
+//! A record the broker never delivered to this node's reader, though it
+//! stored it (tansu 0.6 stores concurrent producers' batches out of offset
+//! order, and a follower that has passed the higher batch never gets the
+//! lower one), shows as offsets skipped once the reader is at the end
+//! ([`crate::kafka::tail::TailEvent::Missed`]). The node then asks every
+//! peer over the mesh to write again what it wrote at those offsets
+//! ([`RouteTable::rewrite_missed`], from a ring of each node's recent writes),
+//! and does so itself for its own: the records come back at new offsets,
+//! within a second instead of a refresh period.
+//!
 //! When a route names another node for a process that is connected here
 //! with an older registration, the local connection is replaced: the
 //! process registered twice, and the newer one wins, cluster-wide. Routes of
@@ -66,8 +76,10 @@ use tokio_util::sync::CancellationToken;
 use wasmrelay_protocol::mesh_auth::{Key, record_mac, verify_record_mac};
 
 mod publisher;
+mod recent_writes;
 
 pub use publisher::{AckWait, RouteSink, publish_routes};
+use recent_writes::{RecentWrites, Written};
 
 use super::membership::{ClusterView, MAC_HEADER};
 use super::route_map::{Change, NodeId, NodeTable, Route, RouteMap, place};
@@ -218,6 +230,14 @@ pub struct RouteTable {
     rejoined: Notify,
     /// Routes written again since start (holder's last word, refreshes).
     republished: AtomicU64,
+    /// Where this node's recent route records landed, to write again those
+    /// a reader missed.
+    recent_writes: RecentWrites,
+    /// Offsets of the routes topic this node's reader never got.
+    records_missed: AtomicU64,
+    /// Records written again because a reader (a peer's or this node's)
+    /// missed them.
+    rewritten_for_missed: AtomicU64,
     /// The processes whose route a peer's lookup had written again, oldest
     /// first, within the last [`LOOKUP_REWRITE_EVERY`].
     rewritten_for_lookups: Mutex<RecentRewrites>,
@@ -262,6 +282,9 @@ impl RouteTable {
             rejoins: AtomicU64::new(0),
             rejoined: Notify::new(),
             republished: AtomicU64::new(0),
+            recent_writes: RecentWrites::default(),
+            records_missed: AtomicU64::new(0),
+            rewritten_for_missed: AtomicU64::new(0),
             rewritten_for_lookups: Mutex::default(),
             gateway,
             caught_up: watch::channel(None).0,
@@ -367,6 +390,72 @@ impl RouteTable {
     /// after a goodbye or an older route, and as anti-entropy.
     pub fn republished(&self) -> u64 {
         self.republished.load(Ordering::Relaxed)
+    }
+
+    /// Offsets of the routes topic this node's reader never got (see
+    /// [`RouteTable::reader_missed`]).
+    pub fn offsets_missed(&self) -> u64 {
+        self.records_missed.load(Ordering::Relaxed)
+    }
+
+    /// Records this node wrote again because a reader missed them.
+    pub fn rewritten_for_missed(&self) -> u64 {
+        self.rewritten_for_missed.load(Ordering::Relaxed)
+    }
+
+    /// Notes that this node's route record or tombstone (ending
+    /// `ends`) of `process_id` landed at `offset` of `partition`.
+    fn wrote(&self, process_id: &str, partition: i32, offset: i64, ends: Option<u64>) {
+        self.recent_writes.note(
+            partition,
+            offset,
+            Written {
+                process_id: process_id.into(),
+                ends,
+            },
+        );
+    }
+
+    /// A reader missed offsets `from..to` of `partition`: has what this node
+    /// wrote there written again as it stands now (the route of a process
+    /// still connected here, the tombstone of one still gone), in order
+    /// with the rest. Returns how many records that is.
+    pub fn rewrite_missed(&self, partition: i32, from: i64, to: i64) -> usize {
+        let written = self.recent_writes.between(partition, from, to);
+        for Written { process_id, ends } in &written {
+            match ends {
+                Some(generation) => self.request_goodbye_again(process_id, *generation),
+                None => self.request_republish(std::iter::once(&**process_id)),
+            }
+        }
+        if !written.is_empty() {
+            tracing::debug!(
+                partition,
+                from,
+                to,
+                records = written.len(),
+                "writing route records a reader missed again"
+            );
+            self.rewritten_for_missed
+                .fetch_add(written.len() as u64, Ordering::Relaxed);
+        }
+        written.len()
+    }
+
+    /// This node's reader never got offsets `from..to` of `partition`:
+    /// counts and logs it, and writes again what this node wrote there
+    /// (the peers are asked for theirs by the caller).
+    pub fn reader_missed(&self, partition: i32, from: i64, to: i64) {
+        let count = u64::try_from(to - from).unwrap_or_default();
+        self.records_missed.fetch_add(count, Ordering::Relaxed);
+        self.metrics.route_records_missed.inc_by(count);
+        tracing::warn!(
+            partition,
+            from,
+            to,
+            "the broker never delivered these offsets of the routes topic to this node (stored out of offset order?); asking the nodes that wrote them to write them again"
+        );
+        self.rewrite_missed(partition, from, to);
     }
 
     /// Resolves once the table has been read to the end of the topic.
@@ -899,6 +988,10 @@ impl super::mesh::LookupAnswerer for RouteTable {
         }
         generation
     }
+
+    fn records_missed(&self, partition: i32, from: i64, to: i64) {
+        self.rewrite_missed(partition, from, to);
+    }
 }
 
 /// Names a process whose next route record (not a tombstone) this node's
@@ -932,14 +1025,30 @@ pub fn apply_to_table(table: Arc<RouteTable>, read: Arc<AtomicU64>) -> TailSink 
     }))
 }
 
+/// Offsets `from..to` of `partition` of the routes topic that this node's
+/// reader never got: the peers are asked to write again what they wrote
+/// there ([`crate::cluster::mesh::Mesh::ask_to_rewrite`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MissedRecords {
+    /// The partition.
+    pub partition: i32,
+    /// The first offset missed.
+    pub from: i64,
+    /// One past the last offset missed.
+    pub to: i64,
+}
+
 /// Follows the reading of the routes topic into `table` (records applied
 /// by [`apply_to_table`], counted in `read`) until `shutdown`: reports the
-/// catch-up, timed from `started` (when the reader started); follows
+/// catch-up, timed from `started` (when the reader started); counts the
+/// offsets the reader missed, writes again this node's records among them
+/// and sends them to `missed` for the peers; follows
 /// membership, and, from its first view on, evicts the routes of nodes not
 /// live for the node timeout.
 pub async fn follow_routes(
     table: Arc<RouteTable>,
     mut events: mpsc::Receiver<TailEvent>,
+    missed: mpsc::Sender<MissedRecords>,
     read: Arc<AtomicU64>,
     mut view: watch::Receiver<ClusterView>,
     started: Instant,
@@ -964,6 +1073,12 @@ pub async fn follow_routes(
                 None => return,
                 // An applying tail sends no records.
                 Some(TailEvent::Record(_)) => {}
+                Some(TailEvent::Missed { partition, from, to }) => {
+                    table.reader_missed(partition, from, to);
+                    if missed.try_send(MissedRecords { partition, from, to }).is_err() {
+                        tracing::warn!(partition, from, to, "too many misses waiting to be sent to the peers; this one is left to anti-entropy");
+                    }
+                }
                 Some(TailEvent::CaughtUp) => {
                     let catch_up = CatchUp {
                         records: read.load(Ordering::Relaxed),
@@ -1558,6 +1673,34 @@ mod tests {
         table.asked_for("p");
         assert_eq!(table.take_republish(10).0, vec!["p".to_string()]);
         assert_eq!(lock(&table.rewritten_for_lookups).1.len(), 1, "bounded");
+    }
+
+    #[test]
+    fn what_this_node_wrote_at_offsets_a_reader_missed_is_written_again_as_it_stands() {
+        use super::super::mesh::LookupAnswerer as _;
+        let table = table();
+        table.wrote("p", 0, 10, None);
+        table.wrote("gone", 0, 11, Some(9));
+        table.wrote("other-partition", 1, 10, None);
+        table.wrote("later", 0, 12, None);
+        // A peer missed offsets 10 and 11 of partition 0.
+        table.records_missed(0, 10, 12);
+        let mut again = table.take_republish(10).0;
+        again.sort();
+        assert_eq!(again, vec!["gone".to_string(), "p".to_string()]);
+        assert_eq!(
+            lock(&table.goodbyes_again).get("gone"),
+            Some(&9),
+            "a tombstone is written again only while still due"
+        );
+        assert_eq!(table.rewritten_for_missed(), 2);
+        assert_eq!(table.rewrite_missed(0, 13, 20), 0, "nothing written there");
+        // This node's own reader missed one: counted, and its own record
+        // written again.
+        table.reader_missed(0, 12, 13);
+        assert_eq!(table.offsets_missed(), 1);
+        assert_eq!(table.metrics.route_records_missed.get(), 1);
+        assert_eq!(table.take_republish(10).0, vec!["later".to_string()]);
     }
 
     #[test]

@@ -17,7 +17,7 @@ use super::membership::{
 };
 use super::mesh::{ForwardOutcome, LookupFound, Mesh, MeshOptions};
 use super::rebalance::{RebalanceOptions, Rebalancer};
-use super::routes::{RouteTable, follow_routes, publish_routes, refresh_routes};
+use super::routes::{MissedRecords, RouteTable, follow_routes, publish_routes, refresh_routes};
 use crate::config::ClusterConfig;
 use crate::gateway::{Gateway, GatewayOptions, Upstream};
 use crate::kafka::admin::{TopicSpec, ensure_topics};
@@ -26,6 +26,9 @@ use crate::kafka::tail::{TailEvent, TailSink, TailStart, TopicTail};
 use crate::link::KafkaLink;
 use crate::telemetry::metrics::RelayMetrics;
 use wasmrelay_protocol::mesh_auth::{Purpose, purpose_key};
+
+/// Misses of the routes reader waiting to be sent to the peers at most.
+const MISSED_WAITING: usize = 256;
 
 /// Partitions of the routes topic when the relay creates it.
 const ROUTES_PARTITIONS: i32 = 6;
@@ -343,9 +346,11 @@ impl ClusterRuntime {
         // with the reader stopped on a full channel). Nothing it does needs
         // membership yet: with no view it evicts nothing. A refused start
         // stops it with the rest.
+        let (missed_tx, missed_rx) = mpsc::channel::<MissedRecords>(MISSED_WAITING);
         tasks.spawn(follow_routes(
             routes.clone(),
             routes_rx,
+            missed_tx,
             routes_read,
             view.clone(),
             routes_started,
@@ -456,6 +461,7 @@ impl ClusterRuntime {
         // Peers asking for a process connected here get its generation,
         // and its route is written again for the nodes that missed it.
         mesh.answer_lookups_with(routes.clone());
+        tasks.spawn(ask_peers_to_rewrite(mesh.clone(), missed_rx, stop.clone()));
         tasks.spawn(mesh.clone().serve(mesh_listener, stop.clone()));
         tasks.spawn(follow_peers(
             mesh.clone(),
@@ -638,6 +644,10 @@ impl ClusterRuntime {
             "lookups_not_found": mesh.lookups_not_found(),
             "lookups_received": mesh.lookups_received(),
             "routes_republished": self.routes.republished(),
+            "route_records_missed": self.routes.offsets_missed(),
+            "route_rewrites_asked": mesh.rewrites_asked(),
+            "route_rewrites_asked_by_peers": mesh.rewrites_asked_by_peers(),
+            "routes_rewritten_for_missed": self.routes.rewritten_for_missed(),
             "rebalance_moves": self.rebalancer.json()["rebalance_moves"],
             "evacuation_moves": self.rebalancer.json()["evacuation_moves"],
         })
@@ -673,6 +683,37 @@ impl ClusterRuntime {
         for tail in tails {
             tokio::task::spawn_blocking(move || tail.stop()).await.ok();
         }
+    }
+}
+
+/// Sends each miss of the routes reader to the linked peers, until `stop`:
+/// they write again what they wrote at those offsets.
+async fn ask_peers_to_rewrite(
+    mesh: Arc<Mesh>,
+    mut missed: mpsc::Receiver<MissedRecords>,
+    stop: CancellationToken,
+) {
+    loop {
+        let next = tokio::select! {
+            _ = stop.cancelled() => return,
+            next = missed.recv() => next,
+        };
+        let Some(MissedRecords {
+            partition,
+            from,
+            to,
+        }) = next
+        else {
+            return;
+        };
+        let asked = mesh.ask_to_rewrite(partition, from, to);
+        tracing::debug!(
+            partition,
+            from,
+            to,
+            peers = asked,
+            "asked the peers to write missed route records again"
+        );
     }
 }
 

@@ -12,8 +12,21 @@
 //! every partition has reached its end for the first time,
 //! [`TailEvent::CaughtUp`] is sent: the reader has seen everything written
 //! before it started.
+//!
+//! Past that point, and from where each partition ended when a reader from
+//! the beginning started, a partition's records come one offset after the
+//! other
+//! (the relay's producers are idempotent and write no transactions, and
+//! compaction does not touch what is being written), so a record beyond the
+//! next offset expected means the broker never gave the reader the ones in
+//! between: [`TailEvent::Missed`]. tansu 0.6 does this when concurrent
+//! producers' batches of a partition are stored out of offset order: a
+//! fetch that passed the higher batch has moved beyond the lower one, which
+//! librdkafka then drops as older than its position. The reader cannot
+//! fetch them again (the broker hands them back in the same order); the
+//! caller decides who must write them again.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::thread::JoinHandle;
@@ -22,6 +35,7 @@ use std::time::Duration;
 use anyhow::Context as _;
 use rdkafka::consumer::{BaseConsumer, Consumer as _, ConsumerContext};
 use rdkafka::error::KafkaError;
+use rdkafka::message::Message as _;
 use rdkafka::{ClientContext, Offset, TopicPartitionList};
 use tokio::sync::mpsc;
 
@@ -44,6 +58,18 @@ pub enum TailEvent {
     /// Every partition has been read to its end once: every record before
     /// it was sent, or applied.
     CaughtUp,
+    /// After it had read `partition` to its end once, the reader got a
+    /// record at offset `to` when the next one it expected was `from`: the
+    /// broker never delivered offsets `from..to` to it.
+    Missed {
+        /// The partition.
+        partition: i32,
+        /// The first offset missed.
+        from: i64,
+        /// The offset of the record that came instead (one past the last
+        /// offset missed).
+        to: i64,
+    },
 }
 
 /// A function a [`TailSink::Apply`] tail calls with each record, on its
@@ -106,6 +132,13 @@ impl ClientContext for TailContext {
 impl ConsumerContext for TailContext {}
 
 type TailConsumer = BaseConsumer<TailContext>;
+
+/// Names `<topic>/<key>`: the first record of that key the tail of that
+/// topic gets once it is at the end is skipped as if the broker had never
+/// delivered it (not applied, not sent, not counted as read: the next
+/// record of its partition is then a [`TailEvent::Missed`]). Fault
+/// injection for the tests.
+pub const SKIP_ONCE_ENV: &str = "WASMRELAY_TEST_TAIL_SKIP_ONCE";
 
 /// How long one poll waits.
 const POLL: Duration = Duration::from_millis(100);
@@ -183,17 +216,28 @@ impl TopicTail {
                 .add_partition_offset(topic, *partition, offset)
                 .with_context(|| format!("assigning `{topic}` [{partition}]"))?;
         }
-        // What a reader from the beginning has ahead of it (best effort).
-        let records_at_start = (start == TailStart::Beginning)
+        // What a reader from the beginning has ahead of it, and the offset
+        // each partition starts at (best effort).
+        let watermarks: Option<Vec<(i32, i64, i64)>> = (start == TailStart::Beginning)
             .then(|| {
-                partitions.iter().try_fold(0u64, |sum, partition| {
-                    let (low, high) = consumer
-                        .fetch_watermarks(topic, *partition, Duration::from_secs(5))
-                        .ok()?;
-                    Some(sum + u64::try_from(high - low).unwrap_or_default())
-                })
+                partitions
+                    .iter()
+                    .map(|partition| {
+                        let (low, high) = consumer
+                            .fetch_watermarks(topic, *partition, Duration::from_secs(5))
+                            .ok()?;
+                        Some((*partition, low, high))
+                    })
+                    .collect()
             })
             .flatten();
+        let records_at_start = watermarks.as_ref().map(|marks| {
+            marks
+                .iter()
+                .map(|(_, low, high)| u64::try_from(high - low).unwrap_or_default())
+                .sum()
+        });
+        let gaps = OffsetGaps::starting_at(watermarks.iter().flatten().copied());
         consumer
             .assign(&assignment)
             .with_context(|| format!("assigning the partitions of `{topic}`"))?;
@@ -212,6 +256,7 @@ impl TopicTail {
                     &topic_name,
                     partitions,
                     sink,
+                    gaps,
                     &events,
                     &thread_stop,
                 );
@@ -250,6 +295,70 @@ impl Drop for TopicTail {
     }
 }
 
+/// The offset each partition's next record should have, to notice the
+/// records a broker never delivered ([`TailEvent::Missed`]): once the
+/// partition was read to its end, or from its high watermark when the
+/// reader started on (below it, compaction may have removed offsets).
+#[derive(Debug, Default)]
+struct OffsetGaps {
+    next: HashMap<i32, i64>,
+    /// Where each partition ended when the reader started.
+    written_since: HashMap<i32, i64>,
+    at_end: HashSet<i32>,
+}
+
+impl OffsetGaps {
+    /// Expecting each partition's first record at its low watermark, and
+    /// every record from its high watermark on (`(partition, low, high)`);
+    /// a partition not given is expected from its first record once read
+    /// to its end.
+    fn starting_at(watermarks: impl IntoIterator<Item = (i32, i64, i64)>) -> OffsetGaps {
+        let mut gaps = OffsetGaps::default();
+        for (partition, low, high) in watermarks {
+            gaps.next.insert(partition, low);
+            gaps.written_since.insert(partition, high);
+        }
+        gaps
+    }
+
+    /// Whether offsets from `from` on of `partition` must all come.
+    fn expects_all(&self, partition: i32, from: i64) -> bool {
+        self.at_end.contains(&partition)
+            || self
+                .written_since
+                .get(&partition)
+                .is_some_and(|high| from >= *high)
+    }
+
+    /// `partition` was read to its end.
+    fn at_end(&mut self, partition: i32) {
+        self.at_end.insert(partition);
+    }
+
+    /// Notes a record at `offset` of `partition`; the event for the offsets
+    /// missed before it, if the partition had been read to its end and the
+    /// record is beyond the next one expected.
+    fn record(&mut self, partition: i32, offset: i64) -> Option<TailEvent> {
+        let expected = self.next.insert(partition, offset + 1);
+        match expected {
+            Some(from) if offset > from && self.expects_all(partition, from) => {
+                Some(TailEvent::Missed {
+                    partition,
+                    from,
+                    to: offset,
+                })
+            }
+            // An offset below the one expected (librdkafka delivers none):
+            // the expectation does not go back.
+            Some(from) if offset < from => {
+                self.next.insert(partition, from);
+                None
+            }
+            _ => None,
+        }
+    }
+}
+
 /// Where a reader's time went until it caught up (logged at debug).
 #[derive(Default)]
 struct ReadStats {
@@ -265,9 +374,14 @@ fn poll_loop(
     topic: &str,
     partitions: Vec<i32>,
     mut sink: TailSink,
+    mut gaps: OffsetGaps,
     events: &mpsc::Sender<TailEvent>,
     stop: &AtomicBool,
 ) {
+    let mut skip_once: Option<Vec<u8>> = std::env::var(SKIP_ONCE_ENV).ok().and_then(|named| {
+        let (named_topic, key) = named.split_once('/')?;
+        (named_topic == topic).then(|| key.as_bytes().to_vec())
+    });
     let mut not_at_end: HashSet<i32> = partitions.into_iter().collect();
     let mut caught_up = false;
     let mut last_error: Option<String> = None;
@@ -284,7 +398,17 @@ fn poll_loop(
             }
             Some(Ok(message)) => {
                 last_error = None;
+                if caught_up
+                    && skip_once
+                        .as_deref()
+                        .is_some_and(|key| message.key() == Some(key))
+                {
+                    skip_once = None;
+                    tracing::warn!(%topic, partition = message.partition(), offset = message.offset(), "skipping a record as if the broker had not delivered it ({SKIP_ONCE_ENV})");
+                    continue;
+                }
                 stats.records += 1;
+                let missed = gaps.record(message.partition(), message.offset());
                 let handled_at = std::time::Instant::now();
                 match &mut sink {
                     TailSink::Send => {
@@ -300,9 +424,13 @@ fn poll_loop(
                     TailSink::ApplyWhenSized(_) => {}
                 }
                 stats.handling += handled_at.elapsed();
-                continue;
+                match missed {
+                    Some(event) => event,
+                    None => continue,
+                }
             }
             Some(Err(KafkaError::PartitionEOF(partition))) => {
+                gaps.at_end(partition);
                 not_at_end.remove(&partition);
                 if caught_up || !not_at_end.is_empty() {
                     continue;
@@ -324,5 +452,65 @@ fn poll_loop(
         if events.blocking_send(event).is_err() {
             return;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn missed(event: Option<TailEvent>) -> Option<(i32, i64, i64)> {
+        match event {
+            Some(TailEvent::Missed {
+                partition,
+                from,
+                to,
+            }) => Some((partition, from, to)),
+            Some(other) => panic!("not a miss: {other:?}"),
+            None => None,
+        }
+    }
+
+    #[test]
+    fn a_record_beyond_the_next_offset_after_the_end_was_reached_is_a_miss() {
+        let mut gaps = OffsetGaps::starting_at([(0, 0, 100), (1, 0, 100)]);
+        for offset in 0..3 {
+            assert_eq!(missed(gaps.record(0, offset)), None);
+        }
+        gaps.at_end(0);
+        assert_eq!(missed(gaps.record(0, 3)), None, "the next one");
+        assert_eq!(missed(gaps.record(0, 7)), Some((0, 4, 7)));
+        assert_eq!(missed(gaps.record(0, 8)), None, "expected after the miss");
+        // An empty partition read to its end: its first record is expected
+        // at the low watermark.
+        gaps.at_end(1);
+        assert_eq!(missed(gaps.record(1, 5)), Some((1, 0, 5)));
+    }
+
+    #[test]
+    fn offsets_skipped_below_the_start_s_high_watermark_are_compaction_not_a_miss() {
+        let mut gaps = OffsetGaps::starting_at([(0, 0, 60)]);
+        assert_eq!(missed(gaps.record(0, 10)), None);
+        assert_eq!(missed(gaps.record(0, 50)), None);
+        // Written after the reader started: every offset comes, even
+        // before the reader is at the end.
+        assert_eq!(missed(gaps.record(0, 60)), None);
+        assert_eq!(missed(gaps.record(0, 62)), Some((0, 61, 62)));
+        gaps.at_end(0);
+        assert_eq!(missed(gaps.record(0, 63)), None);
+    }
+
+    #[test]
+    fn a_partition_without_watermarks_is_checked_once_read_to_its_end() {
+        let mut gaps = OffsetGaps::starting_at([]);
+        assert_eq!(missed(gaps.record(2, 30)), None);
+        assert_eq!(missed(gaps.record(2, 35)), None, "not at the end yet");
+        gaps.at_end(2);
+        assert_eq!(missed(gaps.record(2, 36)), None);
+        assert_eq!(missed(gaps.record(2, 38)), Some((2, 37, 38)));
+        // A lower offset (never delivered by librdkafka) does not move the
+        // expectation back.
+        assert_eq!(missed(gaps.record(2, 10)), None);
+        assert_eq!(missed(gaps.record(2, 39)), None);
     }
 }

@@ -121,6 +121,9 @@ pub struct ClusterMetrics {
     /// Heartbeat and route records ignored because they did not
     /// authenticate or could not be read, by topic and reason.
     pub records_rejected: Family<RecordRejectedLabels, Counter>,
+    /// Offsets of the routes topic the broker never delivered to this
+    /// node's reader (the writers were asked to write them again).
+    pub route_records_missed: Counter,
     /// Heartbeats with this node's id from another instance (a twin).
     pub twin_heartbeats: Counter,
     /// Processes this node told to reconnect elsewhere to even out load.
@@ -296,6 +299,11 @@ impl RelayMetrics {
             "cluster_records_rejected",
             "Heartbeat and route records ignored: no or a wrong MAC, unreadable, stale or replayed, per topic and reason",
             cluster.records_rejected.clone(),
+        );
+        registry.register(
+            "cluster_route_records_missed",
+            "Offsets of the routes topic the broker never delivered to this node's reader; the nodes that wrote them are asked to write them again",
+            cluster.route_records_missed.clone(),
         );
         registry.register(
             "cluster_twin_heartbeats",

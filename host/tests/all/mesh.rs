@@ -1129,6 +1129,7 @@ async fn a_proxy_that_answers_a_forward_itself_gets_nothing_acknowledged() {
 struct FixedGeneration {
     generation: u64,
     asked: std::sync::Mutex<Vec<String>>,
+    missed: std::sync::Mutex<Vec<(i32, i64, i64)>>,
 }
 
 impl LookupAnswerer for FixedGeneration {
@@ -1136,6 +1137,39 @@ impl LookupAnswerer for FixedGeneration {
         self.asked.lock().unwrap().push(process_id.to_string());
         self.generation
     }
+
+    fn records_missed(&self, partition: i32, from: i64, to: i64) {
+        self.missed.lock().unwrap().push((partition, from, to));
+    }
+}
+
+#[tokio::test]
+async fn records_a_reader_missed_reach_every_linked_peer_s_route_table() {
+    let a = start("a", SECRET).await;
+    let b = start("b", SECRET).await;
+    let c = start("c", SECRET).await;
+    // Nobody linked: nobody asked.
+    assert_eq!(a.mesh.ask_to_rewrite(3, 10, 12), 0);
+    link_all(&[&a, &b, &c]);
+    wait_linked(&a, &["b", "c"]).await;
+    let on_b = Arc::new(FixedGeneration::default());
+    let on_c = Arc::new(FixedGeneration::default());
+    b.mesh.answer_lookups_with(on_b.clone());
+    c.mesh.answer_lookups_with(on_c.clone());
+    assert_eq!(a.mesh.ask_to_rewrite(3, 10, 12), 2);
+    wait_until("both peers told", || {
+        !on_b.missed.lock().unwrap().is_empty() && !on_c.missed.lock().unwrap().is_empty()
+    })
+    .await;
+    assert_eq!(*on_b.missed.lock().unwrap(), vec![(3, 10, 12)]);
+    assert_eq!(*on_c.missed.lock().unwrap(), vec![(3, 10, 12)]);
+    assert_eq!(a.mesh.stats().rewrites_asked(), 2);
+    assert_eq!(b.mesh.stats().rewrites_asked_by_peers(), 1);
+    // Not answered, and the links stay up.
+    let (found, _) = lookup(&a, "nobody").await;
+    assert_eq!(found, None);
+    assert_eq!(a.mesh.linked(), vec!["b".to_string(), "c".to_string()]);
+    assert_eq!(a.mesh.stats().links_broken(), 0);
 }
 
 async fn lookup(node: &Node, process_id: &str) -> (Option<LookupFound>, Duration) {

@@ -225,6 +225,21 @@ impl Link {
         })
     }
 
+    /// Queues a `MeshRecordsMissed` for offsets `from..to` of `partition`;
+    /// false when it cannot be sent now (closed, queue full).
+    pub(super) fn records_missed(&self, partition: i32, from: i64, to: i64) -> bool {
+        let frame = Frame::of(Kind::MeshRecordsMissed(v1::MeshRecordsMissed {
+            partition,
+            from_offset: from,
+            to_offset: to,
+        }));
+        let queued = self.queue.try_send(frame).is_ok();
+        if queued {
+            self.sent_since_tick.store(true, Ordering::Relaxed);
+        }
+        queued
+    }
+
     /// Lookups waiting for their answer.
     pub(super) fn pending_lookups(&self) -> usize {
         self.lookups.len()

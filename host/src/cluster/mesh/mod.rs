@@ -24,7 +24,9 @@
 //! outgoing links, `MeshLookupAnswer` back on them); a peer that holds it
 //! says so with the generation of its registration and has its route record
 //! written again ([`LookupAnswerer`]), so every node that missed the record
-//! converges.
+//! converges. A node whose reader skipped offsets of the routes topic asks
+//! every peer to write again what it wrote there ([`Mesh::ask_to_rewrite`]:
+//! `MeshRecordsMissed`, not answered).
 //!
 //! Owns: the links, their authentication and keepalive, and the forwards and
 //! lookups in flight on them. Does not own which nodes exist (membership calls
@@ -208,6 +210,11 @@ pub trait LookupAnswerer: Send + Sync + std::fmt::Debug + 'static {
     /// generation of its registration (0 when it has none yet) and may
     /// write its route again (rate-limited by the implementation).
     fn asked_for(&self, process_id: &str) -> u64;
+
+    /// A peer's reader of the routes topic never got offsets `from..to` of
+    /// `partition`: write again what this node wrote there (as it stands
+    /// now).
+    fn records_missed(&self, partition: i32, from: i64, to: i64);
 }
 
 /// How a forward ended.
@@ -274,6 +281,8 @@ pub struct MeshStats {
     lookups_found: AtomicU64,
     lookups_not_found: AtomicU64,
     lookups_received: AtomicU64,
+    rewrites_asked: AtomicU64,
+    rewrites_asked_by_peers: AtomicU64,
 }
 
 fn bump(counter: &AtomicU64) {
@@ -366,6 +375,16 @@ impl MeshStats {
     /// `MeshLookup`s received from peers and answered.
     pub fn lookups_received(&self) -> u64 {
         self.lookups_received.load(Ordering::Relaxed)
+    }
+
+    /// `MeshRecordsMissed` sent to peers (one per peer asked).
+    pub fn rewrites_asked(&self) -> u64 {
+        self.rewrites_asked.load(Ordering::Relaxed)
+    }
+
+    /// `MeshRecordsMissed` received from peers.
+    pub fn rewrites_asked_by_peers(&self) -> u64 {
+        self.rewrites_asked_by_peers.load(Ordering::Relaxed)
     }
 }
 
@@ -595,6 +614,38 @@ impl Mesh {
             found
         }
         .boxed()
+    }
+
+    /// Asks every linked peer to write again the route records it wrote at
+    /// offsets `from..to` of `partition` (this node's reader never got
+    /// them); returns how many peers were asked. A peer whose link is
+    /// down or full is not: anti-entropy is left for it.
+    pub fn ask_to_rewrite(&self, partition: i32, from: i64, to: i64) -> usize {
+        let links: Vec<_> = self
+            .shared
+            .lock_peers()
+            .values()
+            .filter_map(|slot| slot.link())
+            .collect();
+        let asked = links
+            .iter()
+            .filter(|link| link.records_missed(partition, from, to))
+            .count();
+        self.shared
+            .stats
+            .rewrites_asked
+            .fetch_add(asked as u64, Ordering::Relaxed);
+        asked
+    }
+
+    /// A peer's reader missed offsets `from..to` of `partition` of the
+    /// routes topic: the route table writes again what this node wrote
+    /// there.
+    fn rewrite_for_peer(&self, partition: i32, from: i64, to: i64) {
+        bump(&self.shared.stats.rewrites_asked_by_peers);
+        if let Some(answerer) = self.answerer.get() {
+            answerer.records_missed(partition, from, to);
+        }
     }
 
     /// Lookups waiting for their answer on the link to `node_id` now;

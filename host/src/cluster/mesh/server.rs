@@ -6,7 +6,8 @@
 //! with a `ForwardAck` when the process answers (in whatever order that
 //! happens), and answering each
 //! `MeshLookup` at once with a `MeshLookupAnswer` (is the process connected
-//! here?).
+//! here?), and having the route table write again what a peer's
+//! `MeshRecordsMissed` says it never read.
 //!
 //! Anything a peer sends that is not a valid frame, not allowed at that
 //! point, or does not authenticate gets an `Error` frame and the link is
@@ -256,6 +257,10 @@ async fn serve_link(
                     connected: generation.is_some(),
                     generation: generation.unwrap_or_default(),
                 })))
+            }
+            Some(Kind::MeshRecordsMissed(missed)) => {
+                mesh.rewrite_for_peer(missed.partition, missed.from_offset, missed.to_offset);
+                None
             }
             Some(Kind::Ping(ping)) => Some(Frame::of(Kind::Pong(v1::Pong { nonce: ping.nonce }))),
             Some(Kind::Pong(_)) => None,

@@ -216,6 +216,12 @@ impl Publisher<'_> {
         self.acks.spawn(async move {
             match ack.await {
                 Ok(delivered) => {
+                    table.wrote(
+                        &process_id,
+                        delivered.partition,
+                        delivered.offset,
+                        generation_of_tombstone,
+                    );
                     if let Some((connection_id, generation)) = connection {
                         table.local_registered(
                             &process_id,
