@@ -251,8 +251,12 @@ pub(crate) fn open_heartbeat(
     if !verify_record_mac(key, HEARTBEAT_KIND, &[record_key, value], mac) {
         return Err(Rejected::BadMac);
     }
+    // JSON is UTF-8 throughout: serde_json skips unknown fields of a slice
+    // without checking their strings, so check the whole value first.
+    let value = std::str::from_utf8(value)
+        .map_err(|e| Rejected::Malformed(format!("it is not UTF-8: {e}")))?;
     let beat: Heartbeat =
-        serde_json::from_slice(value).map_err(|e| Rejected::Malformed(e.to_string()))?;
+        serde_json::from_str(value).map_err(|e| Rejected::Malformed(e.to_string()))?;
     if beat.node_id.as_bytes() != record_key {
         return Err(Rejected::Malformed(
             "its key is not its node id".to_string(),
@@ -723,6 +727,17 @@ mod tests {
         let mut old = beat("a", "i1", false);
         old.sent_at_ms -= 3_000 + MAX_CLOCK_SKEW_MS + 1_000;
         assert_eq!(reason(&record(&old, &key())), "stale");
+        // Bytes that are not UTF-8 in a field the reader would skip, MAC
+        // and all good.
+        let mut value = serde_json::to_vec(&sent).unwrap();
+        value.pop();
+        value.extend_from_slice(b",\"other\":\"\x9c\x94\"}");
+        let not_utf8 = InputRecord {
+            headers: vec![(MAC_HEADER.to_string(), heartbeat_mac(&key(), b"a", &value))],
+            value: Some(value),
+            ..good.clone()
+        };
+        assert_eq!(reason(&not_utf8), "malformed");
     }
 
     fn options() -> MembershipOptions {
