@@ -1,7 +1,7 @@
 """The soak's report (scripts/soak.sh): from OUT_DIR/samples.csv and the
 rows and growth lines in OUT_DIR/output.log, writes OUT_DIR/summary.md (a
-table in Markdown) and OUT_DIR/soak.svg (RSS and open files less client
-connections over time, one line a process), with nothing but the standard library."""
+table in Markdown) and OUT_DIR/soak.svg (anonymous memory, RSS, and open
+files less client connections over time, one line a process), with nothing but the standard library."""
 
 import csv
 import json
@@ -24,29 +24,32 @@ for line in open(f"{out}/output.log", errors="replace"):
 lines = [f"Soak of {minutes} minutes (`scripts/soak.sh {minutes}`).", ""]
 lines += ["| flow | produced | delivered | duplicated | lost | longest stall (ms) |", "|---|---|---|---|---|---|"]
 lines += [f"| {r['scenario']} | {r['produced']} | {r['delivered']} | {r['duplicated']} | {r['lost']} | {r['max_stall_ms']} |" for r in rows]
-lines += ["", "| process | measure | after warm-up | at the end | growth |", "|---|---|---|---|---|"]
-lines += [f"| {g['process']} | {g['what']} | {g['after_warm_up']} | {g['at_the_end']} | {g['growth'] * 100:+.1f}% |" for g in growth]
+lines += ["", "| process | measure | after warm-up | at the end | growth | judged |", "|---|---|---|---|---|---|"]
+lines += [f"| {g['process']} | {g['what']} | {g['after_warm_up']} | {g['at_the_end']} | {g['growth'] * 100:+.1f}% | {'yes' if g.get('judged', True) else 'no'} |" for g in growth]
 lines += ["", "| process | samples | tasks | threads | client connections | open files | records in progress (most) | awaiting ack (most) |",
           "|---|---|---|---|---|---|---|---|"]
 span = lambda points, key: f"{min(p[key] for p in points)}-{max(p[key] for p in points)}"
 for process, points in samples.items():
     lines.append(f"| {process} | {len(points)} | {span(points, 'tasks')} | {span(points, 'threads')} | {span(points, 'connections')} "
                  f"| {span(points, 'open_files')} | {max(p['in_progress'] for p in points)} | {max(p['awaiting_ack'] for p in points)} |")
-lines += ["", "Ranges are min-max over the samples. Open files less client connections is what must stay flat for a node: its clients move between nodes by design."]
+lines += ["", "Ranges are min-max over the samples. Open files less client connections is what must stay flat for a node: its clients move between nodes by design. anon_kib is the RSS's anonymous memory (RssAnon: heap, stacks), what a leak raises; the rest of the RSS is mostly the debug binary's pages (RssFile), shown and not judged."]
 open(f"{out}/summary.md", "w").write("\n".join(lines) + "\n")
 print("\n".join(lines))
 
-# The plot: two panels, RSS (MiB) and open files less client connections,
-# against minutes.
+# The plot: three panels, anonymous memory and RSS (MiB), and open files
+# less client connections, against minutes.
 for points in samples.values():
     for p in points:
         p["files_less_clients"] = p["open_files"] - p["connections"]
 colors = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e"]
 width, panel, margin = 760, 240, 50
-svg = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{2 * panel + 3 * margin}" font-family="sans-serif" font-size="12">',
+panels = [("anon_kib", "anonymous memory, RssAnon (MiB)", 1 / 1024), ("rss_kib", "RSS, VmRSS (MiB)", 1 / 1024),
+          ("files_less_clients", "open files less client connections", 1)]
+panels = [p for p in panels if all(p[0] in q for pts in samples.values() for q in pts)]
+svg = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{len(panels) * panel + (len(panels) + 1) * margin}" font-family="sans-serif" font-size="12">',
        '<rect width="100%" height="100%" fill="white"/>']
 end = max((p["seconds"] for pts in samples.values() for p in pts), default=1) or 1
-for index, (measure, label, scale) in enumerate([("rss_kib", "RSS (MiB)", 1 / 1024), ("files_less_clients", "open files less client connections", 1)]):
+for index, (measure, label, scale) in enumerate(panels):
     top = margin + index * (panel + margin)
     peak = max((p[measure] * scale for pts in samples.values() for p in pts), default=1) * 1.1 or 1
     svg.append(f'<text x="{margin}" y="{top - 8}">{label} against minutes; peak axis {peak:.0f}</text>')

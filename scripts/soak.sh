@@ -1,9 +1,12 @@
 #!/usr/bin/env bash
 # The soak: a sidecar and a three-node cluster under steady load for
 # MINUTES, a fault every minute in turn (tests/e2e/soak.rs), each relay's
-# RSS, open files, threads, tokio tasks, client connections and unfinished
-# records sampled every 10 s. Fails on any loss, or if the RSS or the open
-# files (less a node's client connections) of a relay that ran throughout
+# RSS (anonymous memory and file pages apart), open files, threads, tokio
+# tasks, client connections and unfinished records sampled every 10 s.
+# Fails on any loss, or if the anonymous memory (RssAnon: what a leak
+# raises; the rest of the RSS is mostly the debug binary's pages, reported
+# beside) or the open files (less a node's client connections) of a relay
+# that ran throughout
 # grew by 5% or more from the first five-minute fault cycle after minute 5
 # to the last one (the second quarter of the run against its second half,
 # if it is shorter than 15 minutes).
