@@ -25,6 +25,10 @@ pub struct ChainFailure {
     pub reason: String,
 }
 
+/// One item's result from [`PluginChain::apply_batch`]: `None` when the
+/// batch did not settle it.
+pub type BatchResult = Option<Attempt<Vec<OutputRecord>, ChainFailure>>;
+
 /// Processor plugins applied in order.
 #[derive(Clone)]
 pub struct PluginChain {
@@ -112,6 +116,95 @@ impl PluginChain {
             }
         }
         Attempt::Success(current)
+    }
+
+    /// Runs the message of each item (with the input it came from) through
+    /// every plugin, all items together: one `process-batch` call per plugin
+    /// for the lot, where [`PluginChain::apply`] makes one per message.
+    ///
+    /// Each item's result, in the order given: `Some(Success)` its output,
+    /// `Some(GiveUp)` a dead-letter verdict or a fault of its own message
+    /// (the answer says whose), `None` when it is not settled here: a
+    /// retryable error, a plugin not loaded, or a call that failed as a
+    /// whole (a trap, the deadline, the memory cap: it cannot say whose
+    /// message caused it). Run a `None` item alone, with
+    /// [`PluginChain::apply`] and its retries.
+    pub async fn apply_batch(&self, items: Vec<(&InputRecord, OutputRecord)>) -> Vec<BatchResult> {
+        // Per item: `None` while it goes on through the chain, `Some` once
+        // settled (with what `apply_batch` returns for it).
+        let mut settled: Vec<Option<BatchResult>> = (0..items.len()).map(|_| None).collect();
+        let (inputs, mut current): (Vec<&InputRecord>, Vec<Vec<OutputRecord>>) = items
+            .into_iter()
+            .map(|(input, message)| (input, vec![message]))
+            .unzip();
+        // False when a plugin of the chain is not loaded: what is not settled
+        // then retries on its own.
+        let mut every_plugin_ran = true;
+        for (name, call_seconds) in self.plugins.iter().zip(&self.call_seconds) {
+            let Ok(version) = self.registry.current(name) else {
+                every_plugin_ran = false;
+                break;
+            };
+            let mut counts = Vec::with_capacity(current.len());
+            let mut batch = Vec::new();
+            for ((input, messages), result) in inputs.iter().zip(&mut current).zip(&settled) {
+                let count = if result.is_some() { 0 } else { messages.len() };
+                counts.push(count);
+                batch.extend(messages.drain(..).map(|m| to_plugin_message(input, m)));
+            }
+            if batch.is_empty() {
+                break;
+            }
+            let started = Instant::now();
+            let answers = self.registry.process_batch(version.clone(), batch).await;
+            call_seconds.observe(started.elapsed().as_secs_f64());
+            let Ok(answers) = answers else {
+                // Failed as a whole: whose message did it is not known.
+                for result in settled.iter_mut().filter(|r| r.is_none()) {
+                    *result = Some(None);
+                }
+                break;
+            };
+            let label = || format!("{}@{}", version.name(), version.sha256());
+            let mut answers = answers.into_iter();
+            for ((count, messages), result) in
+                counts.into_iter().zip(&mut current).zip(&mut settled)
+            {
+                for answer in answers.by_ref().take(count) {
+                    if result.is_some() {
+                        continue;
+                    }
+                    match answer {
+                        Ok(Outcome::Emit(outputs)) => {
+                            messages.extend(outputs.into_iter().map(from_plugin_output));
+                        }
+                        Ok(Outcome::DeadLetter(reason)) => {
+                            *result =
+                                Some(Some(Attempt::GiveUp(ChainFailure::new(&label(), reason))));
+                        }
+                        Err(error) if error.is_retryable() => *result = Some(None),
+                        Err(error) => {
+                            *result = Some(Some(Attempt::GiveUp(ChainFailure::new(
+                                &label(),
+                                error.to_string(),
+                            ))));
+                        }
+                    }
+                }
+                if result.is_some() {
+                    messages.clear();
+                }
+            }
+        }
+        settled
+            .into_iter()
+            .zip(current)
+            .map(|(result, output)| match result {
+                Some(result) => result,
+                None if every_plugin_ran => Some(Attempt::Success(output)),
+                None => None,
+            })
+            .collect()
     }
 }
 

@@ -22,14 +22,14 @@ use futures::future::BoxFuture;
 use rdkafka::error::KafkaError;
 use tokio_util::sync::CancellationToken;
 
-use super::chain::PluginChain;
+use super::chain::{ChainFailure, PluginChain};
 use super::dead_letter::{
     DROPPED_HEADER, Stage, add_origin_headers, dead_letter_record, without_the_message,
 };
-use super::retry::{Retried, failure_reason, retry};
+use super::retry::{Attempt, Retried, failure_reason, retry};
 use super::target::{Delivery, DeliveryEnd, DeliveryTarget};
 use crate::config::RetryConfig;
-use crate::kafka::consumer::{Completion, MessageHandler, Outcome};
+use crate::kafka::consumer::{Completion, Handling, MessageHandler, Outcome};
 use crate::kafka::producer::Delivered;
 use crate::kafka::{InputRecord, OutputRecord};
 use crate::link::KafkaLink;
@@ -92,18 +92,40 @@ impl FlowMessageHandler {
     }
 }
 
+/// The most records of a partition a transform flow takes in one batch (one
+/// plugin call per chain for all of them).
+pub const MAX_BATCH_RECORDS: usize = crate::plugin::executor::MAX_BATCH_MESSAGES;
+
 impl MessageHandler for FlowMessageHandler {
-    fn handle(
-        &self,
-        record: InputRecord,
-        abort: CancellationToken,
-    ) -> BoxFuture<'static, Completion> {
+    fn handle(&self, record: InputRecord, abort: CancellationToken) -> Handling {
         let flow = self.flow.clone();
         // The ordered part resolves to the completion, which the consumer
         // awaits separately: yielding a future here is the point.
         #[allow(clippy::async_yields_async)]
-        let ordered = async move { flow.handle_in_order(record, abort).await };
+        let ordered = async move { flow.handle_in_order(record, abort, None).await };
         ordered.boxed()
+    }
+
+    /// A transform flow takes the ready records of a partition in batches:
+    /// its ordered part is the chains and the enqueueing, work of the same
+    /// length for every record. A flow that delivers (to the application or
+    /// the cluster's processes) takes them one by one: a slow delivery must
+    /// not hold back the records that started with it.
+    fn batch_size(&self) -> usize {
+        if self.flow.target.is_none() {
+            MAX_BATCH_RECORDS
+        } else {
+            1
+        }
+    }
+
+    fn handle_batch(
+        &self,
+        records: Vec<InputRecord>,
+        abort: CancellationToken,
+    ) -> BoxFuture<'static, Vec<Handling>> {
+        let flow = self.flow.clone();
+        async move { flow.handle_batch_in_order(records, abort).await }.boxed()
     }
 }
 
@@ -111,29 +133,79 @@ fn abandoned() -> Completion {
     async { Outcome::Abandoned }.boxed()
 }
 
+/// The input as a message, before any chain.
+fn original(input: &InputRecord) -> OutputRecord {
+    OutputRecord {
+        key: input.key.clone(),
+        value: input.value.clone(),
+        headers: input.headers.clone(),
+    }
+}
+
 impl FlowHandler {
+    /// The first attempt at the service-call chain for every record of a
+    /// batch, in one plugin call per plugin; then each record's own ordered
+    /// part, starting from that attempt (a record it did not settle runs its
+    /// chain again alone, with retries).
+    async fn handle_batch_in_order(
+        self: Arc<Self>,
+        inputs: Vec<InputRecord>,
+        abort: CancellationToken,
+    ) -> Vec<Handling> {
+        let first_attempts = if self.service_call.is_empty() {
+            inputs.iter().map(|_| None).collect()
+        } else {
+            let items = inputs
+                .iter()
+                .map(|input| (input, original(input)))
+                .collect();
+            self.service_call.apply_batch(items).await
+        };
+        inputs
+            .into_iter()
+            .zip(first_attempts)
+            .map(|(input, first_attempt)| {
+                let flow = self.clone();
+                let abort = abort.clone();
+                // As in `handle`: the ordered part yields the completion.
+                #[allow(clippy::async_yields_async)]
+                let ordered =
+                    async move { flow.handle_in_order(input, abort, first_attempt).await };
+                ordered.boxed()
+            })
+            .collect()
+    }
+
     /// The ordered part: chains and application delivery; produces are
     /// enqueued, and the returned completion waits for their acknowledgements.
+    /// `first_attempt`: the service-call chain's result for this record from
+    /// a batch, if it settled it.
     async fn handle_in_order(
         self: Arc<Self>,
         input: InputRecord,
         abort: CancellationToken,
+        first_attempt: Option<Attempt<Vec<OutputRecord>, ChainFailure>>,
     ) -> Completion {
         self.metrics.consumed.inc();
         // Given back however the record ends, with the completion below.
         let in_progress = HeldGauge::hold(&self.metrics.in_progress);
-        let original = OutputRecord {
-            key: input.key.clone(),
-            value: input.value.clone(),
-            headers: input.headers.clone(),
-        };
         let mut outputs: Vec<OutputRecord> = Vec::new();
         let mut dead_letters: Vec<OutputRecord> = Vec::new();
 
-        let calls = match self
-            .run_chain(&self.service_call, &input, original, &abort)
-            .await
-        {
+        let service_call = match first_attempt {
+            Some(Attempt::Success(calls)) => ChainRun::Output(calls),
+            Some(Attempt::GiveUp(failure)) => ChainRun::DeadLetter(self.dead_letter(
+                original(&input),
+                &input,
+                &Stage::Plugin(failure.plugin),
+                &failure.reason,
+            )),
+            Some(Attempt::Retry(_)) | None => {
+                self.run_chain(&self.service_call, &input, original(&input), &abort)
+                    .await
+            }
+        };
+        let calls = match service_call {
             ChainRun::Output(calls) => calls,
             ChainRun::DeadLetter(record) => {
                 dead_letters.push(record);

@@ -46,6 +46,9 @@ pub enum Outcome {
 /// the partition (typically: waiting for produce acknowledgements).
 pub type Completion = BoxFuture<'static, Outcome>;
 
+/// The ordered part of a record's handling, resolving to its [`Completion`].
+pub type Handling = BoxFuture<'static, Completion>;
+
 /// What a flow does with each consumed record.
 pub trait MessageHandler: Send + Sync + 'static {
     /// Handles one record. Called in offset order per partition; the
@@ -55,11 +58,33 @@ pub trait MessageHandler: Send + Sync + 'static {
     /// waits for the ordered part is the flow's [`DeliveryOrder`]: with
     /// `key`, only a record with the same key does. When `abort` is
     /// cancelled, give up and return [`Outcome::Abandoned`] as soon as possible.
-    fn handle(
+    fn handle(&self, record: InputRecord, abort: CancellationToken) -> Handling;
+
+    /// The most records of a partition that [`MessageHandler::handle_batch`]
+    /// takes at once; 1 (the default): every record goes to
+    /// [`MessageHandler::handle`] in a task of its own.
+    fn batch_size(&self) -> usize {
+        1
+    }
+
+    /// Handles records of one partition that are ready together (none of
+    /// them waits for another under the flow's [`DeliveryOrder`]), in one
+    /// task: resolves, once the work done for all of them at once is done
+    /// (e.g. one plugin call per chain), to each record's remaining ordered
+    /// part, in the order given, each like the future
+    /// [`MessageHandler::handle`] returns. The default hands each record to
+    /// `handle`.
+    fn handle_batch(
         &self,
-        record: InputRecord,
+        records: Vec<InputRecord>,
         abort: CancellationToken,
-    ) -> BoxFuture<'static, Completion>;
+    ) -> BoxFuture<'static, Vec<Handling>> {
+        let handlings = records
+            .into_iter()
+            .map(|record| self.handle(record, abort.clone()))
+            .collect();
+        Box::pin(std::future::ready(handlings))
+    }
 }
 
 /// Tuning of a [`PartitionedConsumer`].

@@ -25,12 +25,14 @@ use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
+use futures::StreamExt as _;
+use futures::stream::FuturesUnordered;
 use serde::{Deserialize, Serialize};
-use tokio::sync::{Semaphore, mpsc};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use super::consumer::{MessageHandler, Outcome};
+use super::consumer::{Handling, MessageHandler, Outcome};
 use super::record::InputRecord;
 
 /// In which order a flow handles the records of one partition
@@ -137,98 +139,214 @@ impl LaneContext {
     /// Runs the lane until `stop_taking` or until `records` closes. Records
     /// still waiting for their key then are dropped unfinished (consumed
     /// again later); started ones run on in `tasks`.
+    ///
+    /// Records that can start together (their slots free) are taken
+    /// together, up to the handler's [`MessageHandler::batch_size`], and
+    /// handed to the handler as one batch when it takes batches.
     pub(super) async fn run(self, mut records: mpsc::UnboundedReceiver<InputRecord>) {
+        let most = self.handler.batch_size().max(1);
         // Slots with a record in progress, and the records waiting for them.
         let mut busy: HashMap<Slot, VecDeque<InputRecord>> = HashMap::new();
         let (slot_free_tx, mut slot_free) = mpsc::unbounded_channel::<Slot>();
+        let mut ready: Vec<(InputRecord, Option<Slot>)> = Vec::new();
         loop {
             tokio::select! {
                 biased;
                 _ = self.stop_taking.cancelled() => break,
                 Some(slot) = slot_free.recv() => {
-                    let next = busy.get_mut(&slot).and_then(VecDeque::pop_front);
-                    match next {
-                        Some(record) => {
-                            if !self.start(record, Some(slot), &slot_free_tx).await {
-                                break;
-                            }
-                        }
-                        None => {
-                            busy.remove(&slot);
-                        }
+                    free(slot, &mut busy, &mut ready);
+                    while ready.len() < most {
+                        let Ok(slot) = slot_free.try_recv() else { break };
+                        free(slot, &mut busy, &mut ready);
                     }
                 }
                 record = records.recv() => {
                     let Some(record) = record else { break };
-                    let slot = self.order.slot(&record);
-                    match slot {
-                        Some(slot) if busy.contains_key(&slot) => {
-                            if let Some(waiting) = busy.get_mut(&slot) {
-                                waiting.push_back(record);
-                            }
-                        }
-                        Some(slot) => {
-                            busy.insert(slot.clone(), VecDeque::new());
-                            if !self.start(record, Some(slot), &slot_free_tx).await {
-                                break;
-                            }
-                        }
-                        None => {
-                            if !self.start(record, None, &slot_free_tx).await {
-                                break;
-                            }
-                        }
+                    self.admit(record, &mut busy, &mut ready);
+                    while ready.len() < most {
+                        let Ok(record) = records.try_recv() else { break };
+                        self.admit(record, &mut busy, &mut ready);
                     }
                 }
+            }
+            if !ready.is_empty() && !self.start(std::mem::take(&mut ready), &slot_free_tx).await {
+                break;
             }
         }
     }
 
-    /// Starts handling `record` once the flow and the partition have room;
-    /// false when the lane must stop instead.
-    async fn start(
+    /// A record arrived: ready to start, or waiting for its slot.
+    fn admit(
         &self,
         record: InputRecord,
-        slot: Option<Slot>,
+        busy: &mut HashMap<Slot, VecDeque<InputRecord>>,
+        ready: &mut Vec<(InputRecord, Option<Slot>)>,
+    ) {
+        match self.order.slot(&record) {
+            Some(slot) => match busy.get_mut(&slot) {
+                Some(waiting) => waiting.push_back(record),
+                None => {
+                    busy.insert(slot.clone(), VecDeque::new());
+                    ready.push((record, Some(slot)));
+                }
+            },
+            None => ready.push((record, None)),
+        }
+    }
+
+    /// Starts the `ready` records, in order, as the flow and the partition
+    /// have room; false when the lane must stop instead.
+    async fn start(
+        &self,
+        ready: Vec<(InputRecord, Option<Slot>)>,
         slot_free: &mpsc::UnboundedSender<Slot>,
     ) -> bool {
-        let permits = async {
-            let pending = self.pending.clone().acquire_owned().await.ok()?;
-            let in_flight = self.in_flight.clone().acquire_owned().await.ok()?;
-            Some((pending, in_flight))
-        };
-        let (pending, in_flight) = tokio::select! {
-            biased;
-            _ = self.stop_taking.cancelled() => return false,
-            permits = permits => match permits {
-                Some(permits) => permits,
-                None => return false,
-            },
-        };
-        self.backlog.remove(record.size_bytes());
-        self.active.fetch_add(1, Ordering::Relaxed);
-        let (partition, offset) = (self.partition, record.offset);
-        let handling = self.handler.handle(record, self.abort.clone());
-        let (finished_tx, active, slot_free) = (
-            self.finished_tx.clone(),
-            self.active.clone(),
-            slot_free.clone(),
-        );
+        let most = self.handler.batch_size().max(1);
+        let mut ready = ready.into_iter();
+        while ready.len() > 0 {
+            let wanted = ready.len().min(most);
+            let permits = async {
+                let mut pending = acquire_up_to(&self.pending, wanted).await?;
+                let in_flight = acquire_up_to(&self.in_flight, pending.num_permits()).await?;
+                // Fewer in flight than pending: the surplus goes back.
+                drop(pending.split(pending.num_permits() - in_flight.num_permits()));
+                Some((pending, in_flight))
+            };
+            let (pending, in_flight) = tokio::select! {
+                biased;
+                _ = self.stop_taking.cancelled() => return false,
+                permits = permits => match permits {
+                    Some(permits) => permits,
+                    None => return false,
+                },
+            };
+            let taken: Vec<_> = ready.by_ref().take(in_flight.num_permits()).collect();
+            for (record, _) in &taken {
+                self.backlog.remove(record.size_bytes());
+            }
+            self.active.fetch_add(taken.len(), Ordering::Relaxed);
+            let started = Started {
+                partition: self.partition,
+                slot_free: slot_free.clone(),
+                finished_tx: self.finished_tx.clone(),
+                active: self.active.clone(),
+            };
+            if most == 1 {
+                // One record (`wanted` was 1) in a task of its own.
+                if let Some((record, slot)) = taken.into_iter().next() {
+                    let offset = record.offset;
+                    let handling = self.handler.handle(record, self.abort.clone());
+                    self.tasks.spawn(async move {
+                        started
+                            .run(handling, offset, slot, (pending, in_flight))
+                            .await;
+                    });
+                }
+            } else {
+                self.start_batch(taken, started, pending, in_flight);
+            }
+        }
+        true
+    }
+
+    /// Hands `taken` to the handler as one batch and runs what remains of
+    /// each record in one task, each with its own permits.
+    fn start_batch(
+        &self,
+        taken: Vec<(InputRecord, Option<Slot>)>,
+        started: Started,
+        mut pending: OwnedSemaphorePermit,
+        mut in_flight: OwnedSemaphorePermit,
+    ) {
+        let mut positions = Vec::with_capacity(taken.len());
+        let mut records = Vec::with_capacity(taken.len());
+        for (record, slot) in taken {
+            positions.push((record.offset, slot));
+            records.push(record);
+        }
+        let batch = self.handler.handle_batch(records, self.abort.clone());
         self.tasks.spawn(async move {
+            let handlings = batch.await;
+            let mut each: FuturesUnordered<_> = handlings
+                .into_iter()
+                .zip(positions)
+                .map(|(handling, (offset, slot))| {
+                    // As many permits of each as records taken: one each.
+                    let permits = (
+                        pending.split(1).expect("a pending permit for each record"),
+                        in_flight
+                            .split(1)
+                            .expect("an in-flight permit for each record"),
+                    );
+                    started.run(handling, offset, slot, permits)
+                })
+                .collect();
+            while each.next().await.is_some() {}
+        });
+    }
+}
+
+/// What a started record gives back when its parts are done.
+#[derive(Clone)]
+struct Started {
+    partition: i32,
+    slot_free: mpsc::UnboundedSender<Slot>,
+    finished_tx: mpsc::UnboundedSender<(i32, i64)>,
+    active: Arc<AtomicUsize>,
+}
+
+impl Started {
+    /// Runs a record's ordered part (then frees its slot and its in-flight
+    /// permit) and its completion (then reports it finished, if it is).
+    fn run(
+        &self,
+        handling: Handling,
+        offset: i64,
+        slot: Option<Slot>,
+        (pending, in_flight): (OwnedSemaphorePermit, OwnedSemaphorePermit),
+    ) -> impl Future<Output = ()> + Send + 'static {
+        let started = self.clone();
+        async move {
             let completion = handling.await;
             // The ordered part is done: the slot's next record may start.
             drop(in_flight);
             if let Some(slot) = slot {
-                let _ = slot_free.send(slot);
+                let _ = started.slot_free.send(slot);
             }
             if completion.await == Outcome::Finished {
-                let _ = finished_tx.send((partition, offset));
+                let _ = started.finished_tx.send((started.partition, offset));
             }
-            active.fetch_sub(1, Ordering::Relaxed);
+            started.active.fetch_sub(1, Ordering::Relaxed);
             drop(pending);
-        });
-        true
+        }
     }
+}
+
+/// A slot's record is done: the next one waiting for it is ready.
+fn free(
+    slot: Slot,
+    busy: &mut HashMap<Slot, VecDeque<InputRecord>>,
+    ready: &mut Vec<(InputRecord, Option<Slot>)>,
+) {
+    match busy.get_mut(&slot).and_then(VecDeque::pop_front) {
+        Some(record) => ready.push((record, Some(slot))),
+        None => {
+            busy.remove(&slot);
+        }
+    }
+}
+
+/// At least one and at most `wanted` permits of `semaphore`: waits for the
+/// first, takes more only if they are free now. `None` when closed.
+async fn acquire_up_to(semaphore: &Arc<Semaphore>, wanted: usize) -> Option<OwnedSemaphorePermit> {
+    let mut permit = semaphore.clone().acquire_owned().await.ok()?;
+    let more = semaphore.available_permits().min(wanted.saturating_sub(1));
+    if more > 0
+        && let Ok(extra) = semaphore.clone().try_acquire_many_owned(more as u32)
+    {
+        permit.merge(extra);
+    }
+    Some(permit)
 }
 
 #[cfg(test)]
@@ -253,13 +371,34 @@ mod tests {
         running: usize,
         most_running: usize,
         finished: Vec<i64>,
+        /// The size of each batch handed to `handle_batch`.
+        batches: Vec<usize>,
     }
 
     struct SlowHandler {
         log: Arc<Mutex<Log>>,
+        batch_size: usize,
     }
 
     impl MessageHandler for SlowHandler {
+        fn batch_size(&self) -> usize {
+            self.batch_size
+        }
+
+        fn handle_batch(
+            &self,
+            records: Vec<InputRecord>,
+            abort: CancellationToken,
+        ) -> BoxFuture<'static, Vec<Handling>> {
+            assert!(records.len() <= self.batch_size, "a batch over its size");
+            self.log.lock().unwrap().batches.push(records.len());
+            let handlings = records
+                .into_iter()
+                .map(|record| self.handle(record, abort.clone()))
+                .collect();
+            async move { handlings }.boxed()
+        }
+
         fn handle(
             &self,
             record: InputRecord,
@@ -316,13 +455,26 @@ mod tests {
         max_in_flight: usize,
         records: Vec<InputRecord>,
     ) -> (Log, Vec<i64>) {
+        run_lane_in_batches(order, max_in_flight, 1, records).await
+    }
+
+    /// [`run_lane`] with a handler that takes batches of up to `batch_size`.
+    async fn run_lane_in_batches(
+        order: DeliveryOrder,
+        max_in_flight: usize,
+        batch_size: usize,
+        records: Vec<InputRecord>,
+    ) -> (Log, Vec<i64>) {
         let log = Arc::new(Mutex::new(Log::default()));
         let (finished_tx, mut finished_rx) = mpsc::unbounded_channel();
         let tasks = TaskTracker::new();
         let lane = LaneContext {
             partition: 0,
             order,
-            handler: Arc::new(SlowHandler { log: log.clone() }),
+            handler: Arc::new(SlowHandler {
+                log: log.clone(),
+                batch_size,
+            }),
             in_flight: Arc::new(Semaphore::new(max_in_flight)),
             pending: Arc::new(Semaphore::new(1_000)),
             backlog: Arc::new(Backlog::default()),
@@ -420,7 +572,10 @@ mod tests {
         let lane = LaneContext {
             partition: 0,
             order: DeliveryOrder::Key,
-            handler: Arc::new(SlowHandler { log: log.clone() }),
+            handler: Arc::new(SlowHandler {
+                log: log.clone(),
+                batch_size: 1,
+            }),
             in_flight: Arc::new(Semaphore::new(1)),
             pending: Arc::new(Semaphore::new(1_000)),
             backlog: Arc::new(Backlog::default()),
@@ -447,5 +602,54 @@ mod tests {
             (1..100).contains(&started),
             "{started} started: some, not all"
         );
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn batches_keep_each_key_in_offset_order_and_the_in_flight_bound() {
+        let (log, finished) = run_lane_in_batches(DeliveryOrder::Key, 32, 16, keyed(600, 40)).await;
+        assert_eq!(log.overlaps, 0, "two records of one key ran at once");
+        for (key, offsets) in &log.started {
+            assert!(
+                offsets.is_sorted(),
+                "key {key:?} started out of offset order: {offsets:?}"
+            );
+        }
+        assert!(log.most_running <= 32, "max_in_flight exceeded");
+        assert!(
+            log.batches.iter().any(|&size| size > 1),
+            "ready records were taken together: {:?}",
+            log.batches
+        );
+        assert!(log.batches.iter().all(|&size| size <= 16));
+        assert_eq!(log.batches.iter().sum::<usize>(), 600);
+        let mut finished = finished;
+        finished.sort_unstable();
+        assert_eq!(finished, (0..600).collect::<Vec<_>>(), "each finished once");
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn in_batches_one_key_still_runs_one_record_at_a_time() {
+        let records = (0..60).map(|offset| record(offset, Some("k"))).collect();
+        let (log, finished) = run_lane_in_batches(DeliveryOrder::Key, 32, 16, records).await;
+        assert_eq!(log.most_running, 1);
+        assert!(
+            log.batches.iter().all(|&size| size == 1),
+            "{:?}",
+            log.batches
+        );
+        assert!(finished.is_sorted(), "{finished:?}");
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn in_batches_no_order_fills_max_in_flight_and_no_more() {
+        let records = (0..300).map(|offset| record(offset, Some("k"))).collect();
+        let (log, finished) = run_lane_in_batches(DeliveryOrder::None, 8, 64, records).await;
+        assert_eq!(log.most_running, 8);
+        assert!(
+            log.batches.iter().all(|&size| size <= 8),
+            "{:?}",
+            log.batches
+        );
+        assert_eq!(finished.len(), 300);
     }
 }

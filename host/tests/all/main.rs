@@ -17,6 +17,7 @@ mod gateway_protocol;
 mod kafka_broker;
 mod listener_tls;
 mod mesh;
+mod plugin_chain;
 mod plugin_executor;
 mod plugin_guard_rails;
 mod plugin_hot_reload;
