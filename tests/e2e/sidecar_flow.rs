@@ -802,3 +802,128 @@ async fn the_flow_gauges_show_records_held_at_the_app_and_awaiting_kafka() {
         })
         .await;
 }
+
+/// A transform flow takes the ready records of a partition in batches (one
+/// plugin call for many records): each key's records still come out in the
+/// order they went in, a record the plugin refuses is dead-lettered alone
+/// with its reason while the records batched with it go on, nothing is
+/// lost or written twice, and the commit reaches the end of every partition.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_transform_flow_in_batches_keeps_each_key_in_order_and_dead_letters_only_the_bad_records()
+{
+    const COUNT: u64 = 3_000;
+    const KEYS: u64 = 50;
+    let kafka = Tansu::start();
+    kafka.create_topic("raw", 3).await;
+    let plugins = support::plugins_dist().display().to_string();
+    let config = format!(
+        r#"
+[admin]
+listen = "127.0.0.1:0"
+[plugins]
+dir = "{plugins}"
+call_deadline = "5s"
+[plugins.config.json-enrich]
+field = "stage"
+value = "transformed"
+[links.main]
+bootstrap_servers = "{}"
+[links.main.options]
+"fetch.wait.max.ms" = "10"
+[[flows]]
+name = "batches"
+link = "main"
+input_topic = "raw"
+group = "transform-batches"
+max_in_flight = 256
+service_call = ["passthrough", "json-enrich"]
+output_topic = "cooked"
+dead_letter_topic = "raw.dlq"
+"#,
+        kafka.bootstrap()
+    );
+    // Every 10th record is not JSON: json-enrich dead-letters it.
+    let records: Vec<TestRecord> = (0..COUNT)
+        .map(|n| {
+            let key = format!("k{}", n % KEYS);
+            let seq = n / KEYS;
+            if n % 10 == 9 {
+                TestRecord::keyed(key, format!("not json {n}"))
+            } else {
+                TestRecord::keyed(key, json!({"n": n, "seq": seq}).to_string())
+            }
+        })
+        .collect();
+    // Produced before the relay starts, so that its first fetches find
+    // whole partitions ready and the batches are large.
+    kafka.produce("raw", records).await;
+    let relay = RelayProcess::start(&config, &[]);
+
+    let cooked = kafka
+        .consume_all(
+            "cooked",
+            (COUNT - COUNT / 10) as usize,
+            Duration::from_secs(120),
+        )
+        .await;
+    let dead = kafka
+        .consume_all("raw.dlq", (COUNT / 10) as usize, Duration::from_secs(60))
+        .await;
+    assert_eq!(
+        cooked.len() as u64,
+        COUNT - COUNT / 10,
+        "relay log:\n{}",
+        relay.log()
+    );
+    assert_eq!(dead.len() as u64, COUNT / 10, "relay log:\n{}", relay.log());
+
+    // Each key's records in order: the output of a key is in one partition.
+    let mut cooked = cooked;
+    cooked.sort_by_key(|r| (r.partition, r.offset));
+    let mut last_seq: HashMap<String, u64> = HashMap::new();
+    let mut seen = HashSet::new();
+    for record in &cooked {
+        let value = value_json(record.value.as_deref().unwrap());
+        assert_eq!(value["stage"], "transformed");
+        let key = String::from_utf8(record.key.clone().unwrap()).unwrap();
+        let seq = value["seq"].as_u64().unwrap();
+        if let Some(previous) = last_seq.insert(key.clone(), seq) {
+            assert!(seq > previous, "key {key}: seq {seq} after {previous}");
+        }
+        assert!(
+            seen.insert(value["n"].as_u64().unwrap()),
+            "written twice: {value}"
+        );
+    }
+    for record in &dead {
+        let value = String::from_utf8(record.value.clone().unwrap()).unwrap();
+        assert!(value.starts_with("not json "), "{value}");
+        let stage =
+            String::from_utf8(record.header("wasmrelay-dlq-stage").unwrap().to_vec()).unwrap();
+        assert!(stage.starts_with("plugin:json-enrich@"), "{stage}");
+        let reason =
+            String::from_utf8(record.header("wasmrelay-dlq-reason").unwrap().to_vec()).unwrap();
+        assert!(reason.contains("not a JSON object"), "{reason}");
+    }
+
+    // The batches were real: far fewer plugin calls than records.
+    let calls = relay.metric(r#"wasmrelay_plugin_call_seconds_count{plugin="json-enrich"}"#);
+    assert!(
+        calls < COUNT / 4,
+        "{calls} json-enrich calls for {COUNT} records: not batched"
+    );
+
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let committed = kafka.committed_offsets("transform-batches", "raw").await;
+        if committed.values().sum::<i64>() == COUNT as i64 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the commit stopped short of the end: {committed:?}\nrelay log:\n{}",
+            relay.log()
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}

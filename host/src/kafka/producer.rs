@@ -54,16 +54,15 @@ impl RelayProducer {
         record: &OutputRecord,
     ) -> Result<impl Future<Output = Result<Delivered, KafkaError>> + Send + 'static, KafkaError>
     {
-        let headers = record.rdkafka_headers();
+        let mut future_record: FutureRecord<'_, [u8], [u8]> =
+            FutureRecord::to(topic).headers(record.rdkafka_headers());
+        if let Some(key) = &record.key {
+            future_record = future_record.key(key.as_slice());
+        }
+        if let Some(value) = &record.value {
+            future_record = future_record.payload(value.as_slice());
+        }
         loop {
-            let mut future_record: FutureRecord<'_, [u8], [u8]> =
-                FutureRecord::to(topic).headers(headers.clone());
-            if let Some(key) = &record.key {
-                future_record = future_record.key(key.as_slice());
-            }
-            if let Some(value) = &record.value {
-                future_record = future_record.payload(value.as_slice());
-            }
             match self.inner.send_result(future_record) {
                 Ok(delivery) => {
                     return Ok(async move {
@@ -77,7 +76,9 @@ impl RelayProducer {
                         }
                     });
                 }
-                Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), _)) => {
+                Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), refused)) => {
+                    // Handed back whole, headers and all, for the next try.
+                    future_record = refused;
                     tokio::time::sleep(QUEUE_FULL_BACKOFF).await;
                 }
                 Err((error, _)) => return Err(error),
