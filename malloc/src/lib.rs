@@ -13,6 +13,20 @@
 //! (tcache), so the arenas' locks are rarely contended.
 //!
 //! `MALLOC_ARENA_MAX` in the environment, read by glibc itself, wins.
+//!
+//! Even within two arenas, glibc gives memory back to the system only from
+//! the top of a heap: what is freed below a chunk still in use stays
+//! resident. After a burst (a broker cut and the catch-up that follows it:
+//! librdkafka's prefetched fetch buffers, the records in flight) the relay
+//! keeps the burst's high-water mark for good: in a 30-minute soak the
+//! anonymous memory of a sidecar stepped from 20 to 31 MiB and of a node
+//! from 20 to 47 MiB, each after a cut, and stayed there; malloc_info
+//! showed 9.7 of a sidecar's 17.5 MB heap free, and `malloc_trim(0)` took
+//! its RssAnon from 24.2 to 16.5 MiB. [`release_free_memory`], called now
+//! and then ([`RELEASE_INTERVAL`]), gives such free pages back.
+
+/// How often a relay gives free heap memory back ([`release_free_memory`]).
+pub const RELEASE_INTERVAL: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// Arenas allowed when `MALLOC_ARENA_MAX` is not set.
 pub const DEFAULT_ARENA_MAX: i32 = 2;
@@ -48,6 +62,28 @@ fn set_arena_max(_max: i32) -> bool {
     false
 }
 
+/// Gives the whole free pages of every glibc arena back to the system
+/// (`malloc_trim(0)`); true when some memory was given back. It takes the
+/// arenas' locks while it walks their free chunks (well under a millisecond
+/// for a relay's heap): call it from a blocking thread, now and then.
+pub fn release_free_memory() -> bool {
+    trim()
+}
+
+#[cfg(all(target_os = "linux", target_env = "gnu"))]
+#[allow(unsafe_code)]
+fn trim() -> bool {
+    // SAFETY: malloc_trim only hands glibc's own free pages back to the
+    // kernel (madvise), under the arenas' locks; memory in use is not
+    // touched. It returns 1 when memory was released.
+    unsafe { libc::malloc_trim(0) == 1 }
+}
+
+#[cfg(not(all(target_os = "linux", target_env = "gnu")))]
+fn trim() -> bool {
+    false
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -57,6 +93,33 @@ mod tests {
         assert_eq!(arena_max_to_set(None), Some(DEFAULT_ARENA_MAX));
         assert_eq!(arena_max_to_set(Some("8".as_ref())), None);
         assert_eq!(arena_max_to_set(Some("".as_ref())), None);
+    }
+
+    /// What a burst leaves behind: many small blocks freed under one still
+    /// in use, which glibc keeps resident until it is told to give them back.
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    #[test]
+    fn free_memory_under_a_block_in_use_is_given_back() {
+        fn rss_anon_kib() -> u64 {
+            std::fs::read_to_string("/proc/self/status")
+                .unwrap_or_default()
+                .lines()
+                .find_map(|line| line.strip_prefix("RssAnon:"))
+                .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+                .unwrap_or(0)
+        }
+        // Blocks under the mmap threshold (128 KiB): from the heap. 64 MiB.
+        let burst: Vec<Vec<u8>> = (0..16_384).map(|n| vec![n as u8; 4096]).collect();
+        let kept = vec![1u8; 4096];
+        drop(burst);
+        let before = rss_anon_kib();
+        assert!(release_free_memory(), "nothing was given back");
+        let after = rss_anon_kib();
+        assert!(
+            after + 32 * 1024 < before,
+            "RssAnon {before} KiB before, {after} KiB after: the burst's 64 MiB stayed"
+        );
+        drop(kept);
     }
 
     #[cfg(all(target_os = "linux", target_env = "gnu"))]

@@ -23,6 +23,7 @@
 
 mod flows;
 mod links;
+mod memory;
 mod plugins;
 
 use std::collections::BTreeMap;
@@ -186,6 +187,9 @@ impl Node {
             parts.admin_stop.clone(),
         ));
         parts.admin = Some(admin_state.clone());
+        parts.tasks.spawn(memory::release_free_memory_now_and_then(
+            parts.background_stop.clone(),
+        ));
 
         if config.plugins.watch {
             spawn_plugin_watcher(
