@@ -2,25 +2,44 @@
 # Benchmark 2: resident memory per idle connection. See bench/cluster/README.md.
 #
 #   bench/cluster/idle.sh
+#   COUNTS="1000 10000" PLOT=bench/plots/idle-memory-connections.png bench/cluster/idle.sh
 #
-# 1. One node, PER_NODE (10,000) idle SDK connections from 2 client
-#    processes: RSS of the node before and after.
-# 2. Baseline, same run: one nats-server, PER_NODE idle NATS connections
+# For each count of COUNTS (PER_NODE, 10,000):
+# 1. One node, that many idle SDK connections from 2 client processes: RSS
+#    of the node before and after.
+# 2. Baseline, same run: one nats-server, as many idle NATS connections
 #    from 2 client processes, each connection with one subscription.
+# Then:
 # 3. NODES (5) nodes x PER_NODE connections, one client process per node.
+# The second command measures memory against connections: 1,000 and 10,000
+# on one node (nats-server beside each), 50,000 on 5 nodes of 10,000 (a
+# process may hold at most 20,000 open files here, so not on one node), and
+# plots it. The first takes 1.5-3 minutes after the build, the second about
+# 40 s more (a node and a nats-server for the extra count).
 #
-# Environment: PER_NODE [10000], NODES [5], SETTLE_S [12] seconds to wait
-# after the last connection before measuring (at least two keepalive pings
-# of every connection), ROUTES_WAIT_S [120], SKIP_BUILD=1, WASMRELAY_BIN,
-# KEEP_RUN_DIR=1.
+# Environment: COUNTS [PER_NODE] (each at most 15000), PER_NODE [10000],
+# NODES [5], SETTLE_S [12] seconds to wait after the last connection before
+# measuring (at least two keepalive pings of every connection),
+# ROUTES_WAIT_S [120], SKIP_BUILD=1, WASMRELAY_BIN, KEEP_RUN_DIR=1,
+# PLOT=path.png (node KiB per connection and MiB in all against connections,
+# nats-server beside; needs matplotlib), RESULTS_OUT=path.jsonl (keeps the
+# result lines: one per measured point).
 NEED_NATS=1
 source "$(dirname "$0")/lib.sh"
 
 PER_NODE=${PER_NODE:-10000}
 NODES=${NODES:-5}
 SETTLE_S=${SETTLE_S:-12}
-HALF=$((PER_NODE / 2))
+COUNTS=${COUNTS:-$PER_NODE}
 (( PER_NODE <= 15000 )) || die "PER_NODE above 15000 needs more client processes (20,000 open files per process)"
+for count in $COUNTS; do
+  [[ "$count" =~ ^[1-9][0-9]*$ ]] || die "COUNTS: not a positive whole number: '$count'"
+  (( count <= 15000 )) || die "COUNTS: $count is above 15000, too many for one node here (20,000 open files per process); part 3 puts NODES x PER_NODE on several"
+done
+if [[ -n "${PLOT:-}" ]]; then
+  python3 -c 'import matplotlib' 2>/dev/null \
+    || die "PLOT needs matplotlib: apt-get install -y python3-matplotlib, or pip install matplotlib"
+fi
 
 # Measured with the connections where the clients put them: rebalancing
 # (on by default) would move processes between the nodes of part 3 while
@@ -96,41 +115,49 @@ connections_and_routes() {
 }
 
 start_tansu
-create_cluster_topics business:3 wasmrelay.routes-single:6:compact wasmrelay.routes-multi:6:compact
+single_routes=()
+for count in $COUNTS; do single_routes+=("wasmrelay.routes-single-$count:6:compact"); done
+create_cluster_topics business:3 "${single_routes[@]}" wasmrelay.routes-multi:6:compact
 
-# --- 1. one node -------------------------------------------------------------
-log "one node, $PER_NODE idle connections"
-start_node single business idle-single wasmrelay.routes-single
-before=$(settled_rss_kb "$NODE_PID")
-start_clients relay "$NODE_CLIENT" "$HALF" 0 single- single-1
-start_clients relay "$NODE_CLIENT" "$((PER_NODE - HALF))" "$HALF" single- single-2
-wait_clients single-1 single-2
-TIMEOUT=120 wait_until "$PER_NODE connections and routes on the node" \
-  connections_and_routes single "$PER_NODE" "$PER_NODE"
-sleep "$SETTLE_S"
-after=$(settled_rss_kb "$NODE_PID")
-client_rss=$(clients_rss single-1 single-2)
-record "wasmrelay, 1 node" relay "$PER_NODE" "$before" "$after" \
-  "{\"clients_rss_kib\": $client_rss, \"open_files\": $(ls /proc/"$NODE_PID"/fd | wc -l)}"
-log "node RSS $before -> $after KiB; SDK client processes $client_rss KiB"
-stop_clients
-stop_node single
+for count in $COUNTS; do
+  half=$((count / 2))
+  # Each count has a node, routes topic and clients of its own.
+  id="single-$count"
 
-# --- 2. nats-server baseline ---------------------------------------------------
-log "nats-server, $PER_NODE idle connections (one subscription each)"
-start_nats single
-nats_pid=$NATS_PID
-before=$(settled_rss_kb "$nats_pid")
-start_clients nats "127.0.0.1:$NATS_PORT" "$HALF" 0 proc. nats-1
-start_clients nats "127.0.0.1:$NATS_PORT" "$((PER_NODE - HALF))" "$HALF" proc. nats-2
-wait_clients nats-1 nats-2
-sleep "$SETTLE_S"
-after=$(settled_rss_kb "$nats_pid")
-record "nats-server, 1 server" nats "$PER_NODE" "$before" "$after" \
-  "{\"clients_rss_kib\": $(clients_rss nats-1 nats-2)}"
-log "nats-server RSS $before -> $after KiB"
-stop_clients
-stop_pid "$nats_pid"
+  # --- 1. one node ---------------------------------------------------------
+  log "one node, $count idle connections"
+  start_node "$id" business "idle-$id" "wasmrelay.routes-$id"
+  before=$(settled_rss_kb "$NODE_PID")
+  start_clients relay "$NODE_CLIENT" "$half" 0 single- "$id-1"
+  start_clients relay "$NODE_CLIENT" "$((count - half))" "$half" single- "$id-2"
+  wait_clients "$id-1" "$id-2"
+  TIMEOUT=120 wait_until "$count connections and routes on the node" \
+    connections_and_routes "$id" "$count" "$count"
+  sleep "$SETTLE_S"
+  after=$(settled_rss_kb "$NODE_PID")
+  client_rss=$(clients_rss "$id-1" "$id-2")
+  record "wasmrelay, 1 node" relay "$count" "$before" "$after" \
+    "{\"clients_rss_kib\": $client_rss, \"open_files\": $(ls /proc/"$NODE_PID"/fd | wc -l)}"
+  log "node RSS $before -> $after KiB; SDK client processes $client_rss KiB"
+  stop_clients
+  stop_node "$id"
+
+  # --- 2. nats-server baseline -----------------------------------------------
+  log "nats-server, $count idle connections (one subscription each)"
+  start_nats "nats-$count"
+  nats_pid=$NATS_PID
+  before=$(settled_rss_kb "$nats_pid")
+  start_clients nats "127.0.0.1:$NATS_PORT" "$half" 0 proc. "nats-$count-1"
+  start_clients nats "127.0.0.1:$NATS_PORT" "$((count - half))" "$half" proc. "nats-$count-2"
+  wait_clients "nats-$count-1" "nats-$count-2"
+  sleep "$SETTLE_S"
+  after=$(settled_rss_kb "$nats_pid")
+  record "nats-server, 1 server" nats "$count" "$before" "$after" \
+    "{\"clients_rss_kib\": $(clients_rss "nats-$count-1" "nats-$count-2")}"
+  log "nats-server RSS $before -> $after KiB"
+  stop_clients
+  stop_pid "$nats_pid"
+done
 
 # --- 3. NODES nodes ------------------------------------------------------------
 total=$((NODES * PER_NODE))
@@ -182,12 +209,16 @@ for id in "${ids[@]}"; do
 done
 routes_seen=$(for id in "${ids[@]}"; do cluster_field "$id" routes; done | paste -sd, -)
 record "wasmrelay, $NODES nodes together" relay-cluster "$total" "$sum_before" "$sum_after" \
-  "{\"clients_rss_kib\": $(clients_rss "${ids[@]}"), \"routes_per_node\": [$routes_seen]}"
+  "{\"clients_rss_kib\": $(clients_rss "${ids[@]}"), \"routes_per_node\": [$routes_seen], \"nodes\": $NODES, \"per_node_connections\": $PER_NODE}"
 stop_clients
 
 echo
 describe_run
-echo "settings: $PER_NODE connections per node or server, measured $SETTLE_S s after the last one connected"
+if [[ "$COUNTS" == "$PER_NODE" ]]; then
+  echo "settings: $PER_NODE connections per node or server, measured $SETTLE_S s after the last one connected"
+else
+  echo "settings: one node and one nats-server at $COUNTS connections, $NODES nodes x $PER_NODE; measured $SETTLE_S s after the last one connected"
+fi
 python3 "$BENCH_DIR/report.py" idle "$RESULTS"
 echo "Routes in each node's table at the end (each should be $total): $routes_seen."
 python3 -c '
@@ -198,3 +229,8 @@ for path in glob.glob(sys.argv[1] + "/clients-*.json"):
     end = json.loads([l for l in lines if l.strip()][-1])
     drops += end.get("disconnects", 0) + end.get("closed_by_server", 0)
 print(f"Connections lost while held (should be 0): {drops}.")' "$RUN_DIR"
+if [[ -n "${PLOT:-}" ]]; then
+  python3 "$BENCH_DIR/plot_idle.py" "$RESULTS" "$PLOT"
+  echo "plot: $PLOT"
+fi
+if [[ -n "${RESULTS_OUT:-}" ]]; then cp "$RESULTS" "$RESULTS_OUT"; fi

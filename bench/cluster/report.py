@@ -93,20 +93,29 @@ def idle(rows):
     print()
     print("| setup | connections | RSS before, MiB | RSS after, MiB | delta, MiB | per connection, KiB | vs NATS |")
     print("|---|---:|---:|---:|---:|---:|---:|")
-    base = next((r for r in rows if r["variant"] == "nats"), None)
-    base_per = base["delta_kib"] * 1024 / base["connections"] if base else None
+    # Each row against the nats-server of as many connections as the node
+    # holds (a cluster row: as each of its nodes), else the first one.
+    nats = {}
+    for r in rows:
+        if r["variant"] == "nats":
+            nats.setdefault(r["connections"], r["delta_kib"] * 1024 / r["connections"])
+    first = next(iter(nats.values()), None)
     for r in rows:
         per = r["delta_kib"] * 1024 / r["connections"]
+        base_per = nats.get(r.get("per_node_connections", r["connections"]), first)
         ratio = f"{per / base_per:.2f}x" if base_per else "-"
         print(
             f"| {r['label']} | {r['connections']:,} | {r['before_kib'] / 1024:.1f} | {r['after_kib'] / 1024:.1f} | "
             f"{r['delta_kib'] / 1024:.1f} | {per / 1024:.1f} | {ratio} |"
         )
     print()
+    labels = [r["label"] for r in rows if "clients_rss_kib" in r]
     for r in rows:
         if "clients_rss_kib" in r:
+            # With several counts (COUNTS) a setup is there once per count.
+            label = r["label"] if labels.count(r["label"]) == 1 else f"{r['label']}, {r['connections']:,} connections"
             print(
-                f"Client side, {r['label']}: {r['clients_rss_kib'] / 1024:.0f} MiB RSS in the client processes, "
+                f"Client side, {label}: {r['clients_rss_kib'] / 1024:.0f} MiB RSS in the client processes, "
                 f"{r['clients_rss_kib'] / r['connections']:.1f} KiB per connection."
             )
 

@@ -1,7 +1,8 @@
 //! The relay against a plain consume-and-produce loop on the same broker.
 //!
 //! Starts a real broker (tansu) and, in one run:
-//! 1. **Throughput**: 50,000 records of 1 KiB (`RELAY_BENCH_RECORDS`) are consumed and produced to
+//! 1. **Throughput**: 50,000 records of 1 KiB (`RELAY_BENCH_RECORDS`, `RELAY_BENCH_VALUE_BYTES`)
+//!    in 3 partitions (`RELAY_BENCH_PARTITIONS`) are consumed and produced to
 //!    another topic by (a) a plain rdkafka loop in this process (consumer
 //!    group, offsets stored after each acknowledgement, acknowledgements
 //!    awaited concurrently; the same client settings as the relay's link)
@@ -30,6 +31,21 @@
 //! `RELAY_BENCH_LINK_OPTIONS="key=value,key=value"` adds librdkafka
 //! properties to every client of both runs (the plain loop's, the relay's
 //! link, the latency readers and producer), e.g. `socket.nagle.disable=true`.
+//!
+//! For sweeps (`bench/throughput-sweep.sh` runs this once per point and
+//! plots the curves):
+//! - `RELAY_BENCH_PARTITIONS` (3): partitions of every topic of the run.
+//! - `RELAY_BENCH_VALUE_BYTES` (1024): size of each record's value in the
+//!   throughput runs (json-enrich's JSON values are about the same size,
+//!   down to a few dozen bytes); the latency records stay at 100 B.
+//! - `RELAY_BENCH_SKIP_LATENCY=1`: throughput only (the latency part takes
+//!   10 s and more a run).
+//! - `RELAY_BENCH_JSON=path`: appends one JSON line per run (per broker,
+//!   with `RELAY_BENCH_TLS=1`) to `path`: the settings, the rates and
+//!   ratios, CPU per record, latency percentiles (null when skipped) and the
+//!   commit.
+//!
+//! With none of them set, the run and its output are as they always were.
 
 #![allow(clippy::unwrap_used, clippy::print_stdout, missing_docs, dead_code)]
 
@@ -37,6 +53,7 @@
 mod support;
 
 use std::collections::BTreeMap;
+use std::io::Write as _;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use futures::StreamExt as _;
@@ -61,7 +78,47 @@ fn record_count() -> usize {
         .and_then(|v| v.parse().ok())
         .unwrap_or(DEFAULT_RECORDS)
 }
-const VALUE_BYTES: usize = 1024;
+
+/// Partitions of every topic of a run, unless `RELAY_BENCH_PARTITIONS` says
+/// otherwise.
+const DEFAULT_PARTITIONS: i32 = 3;
+
+/// Partitions of every topic of a run: `RELAY_BENCH_PARTITIONS`, or
+/// [`DEFAULT_PARTITIONS`].
+fn partition_count() -> i32 {
+    std::env::var("RELAY_BENCH_PARTITIONS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .filter(|&partitions| partitions > 0)
+        .unwrap_or(DEFAULT_PARTITIONS)
+}
+
+/// Size of each record's value in the throughput runs, unless
+/// `RELAY_BENCH_VALUE_BYTES` says otherwise.
+const DEFAULT_VALUE_BYTES: usize = 1024;
+
+/// Size of each record's value in the throughput runs:
+/// `RELAY_BENCH_VALUE_BYTES`, or [`DEFAULT_VALUE_BYTES`].
+fn value_bytes() -> usize {
+    std::env::var("RELAY_BENCH_VALUE_BYTES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(DEFAULT_VALUE_BYTES)
+}
+
+/// Whether the latency part is left out (`RELAY_BENCH_SKIP_LATENCY=1`).
+fn skip_latency() -> bool {
+    std::env::var("RELAY_BENCH_SKIP_LATENCY").is_ok_and(|v| v == "1")
+}
+
+/// What a json-enrich value's padding is short of the value size (as it
+/// always was): the rest of the JSON, `{"n":12345,"pad":""}`, is 16 to 20
+/// bytes, so those values are 10 to 14 bytes shorter than the plain ones;
+/// below this size the padding is empty.
+const JSON_OVERHEAD_BYTES: usize = 30;
+
+/// Size of the latency records' values, whatever the throughput runs use.
+const LATENCY_VALUE_BYTES: usize = 100;
 const LATENCY_RATE: u64 = 500;
 const LATENCY_SECONDS: u64 = 10;
 const SENT_HEADER: &str = "bench-sent-ns";
@@ -272,8 +329,14 @@ struct Figures {
     relay_cpu: Cpu,
     /// The relay's CPU (ms) while it drained its topic, per thread group.
     relay_threads: BTreeMap<String, u64>,
-    /// Sorted latencies (ms): read directly, through the relay, and
-    /// through the plain loop.
+    /// None when the latency part was skipped (`RELAY_BENCH_SKIP_LATENCY`).
+    latency: Option<Latencies>,
+}
+
+/// Sorted latencies (ms) of the latency part: read directly, through the
+/// relay, and through the plain loop.
+#[derive(Debug)]
+struct Latencies {
     direct: Vec<f64>,
     relayed: Vec<f64>,
     looped: Vec<f64>,
@@ -399,7 +462,7 @@ fn latency_reader(
         .create()
         .unwrap();
     let mut partitions = rdkafka::TopicPartitionList::new();
-    for partition in 0..3 {
+    for partition in 0..partition_count() {
         partitions
             .add_partition_offset(topic, partition, rdkafka::Offset::Beginning)
             .unwrap();
@@ -436,17 +499,79 @@ fn latency_reader(
     })
 }
 
+/// The latency part, with the relay of the passthrough run still up (its
+/// `latency` flow carries `lat-in` to `lat-out`): records at a fixed rate,
+/// read directly, through the relay and through a plain loop.
+async fn measure_latency(broker: &Broker) -> Latencies {
+    let count = (LATENCY_RATE * LATENCY_SECONDS) as usize;
+    let value = [b'x'; LATENCY_VALUE_BYTES];
+    let direct = latency_reader(broker, "lat-in", count);
+    let relayed = latency_reader(broker, "lat-out", count);
+    let looped = latency_reader(broker, "lat-plain-out", count);
+    let producer: FutureProducer = link(broker)
+        .producer_config()
+        .set("linger.ms", "0")
+        .create()
+        .unwrap();
+    let produce = async {
+        let mut ticker = tokio::time::interval(Duration::from_nanos(1_000_000_000 / LATENCY_RATE));
+        let mut pending = FuturesUnordered::new();
+        for n in 0..count {
+            ticker.tick().await;
+            let key = format!("k{n}");
+            let sent = now_ns().to_string();
+            let headers = OwnedHeaders::new().insert(Header {
+                key: SENT_HEADER,
+                value: Some(sent.as_str()),
+            });
+            let ack = producer
+                .send_result(
+                    FutureRecord::to("lat-in")
+                        .key(&key)
+                        .payload(&value[..])
+                        .headers(headers),
+                )
+                .map_err(|(e, _)| e)
+                .unwrap();
+            pending.push(ack);
+            while let Some(Some(_)) = futures::FutureExt::now_or_never(pending.next()) {}
+        }
+        while pending.next().await.is_some() {}
+    };
+    // The baseline: a plain loop doing the relay's two broker trips, on the
+    // same input at the same time.
+    tokio::join!(
+        produce,
+        plain_loop(
+            broker,
+            "bench-plain-latency",
+            "lat-in",
+            "lat-plain-out",
+            count
+        )
+    );
+    let direct = direct.await.unwrap();
+    let relayed = relayed.await.unwrap();
+    let looped = looped.await.unwrap();
+    Latencies {
+        direct,
+        relayed,
+        looped,
+    }
+}
+
 /// One whole run on `broker`: throughput of the plain loop and of the
-/// relay, then latency at a fixed rate.
+/// relay, then latency at a fixed rate (unless skipped).
 async fn run(broker: &Broker) -> Figures {
     let kafka = &broker.kafka;
     let tansu = child_pid("tansu");
+    let partitions = partition_count();
     for topic in ["plain-in", "relay-in", "lat-in", "enrich-in"] {
-        kafka.create_topic(topic, 3).await;
+        kafka.create_topic(topic, partitions).await;
     }
-    kafka.create_topic("plain-out", 3).await;
-    kafka.create_topic("lat-plain-out", 3).await;
-    let value = vec![b'x'; VALUE_BYTES];
+    kafka.create_topic("plain-out", partitions).await;
+    kafka.create_topic("lat-plain-out", partitions).await;
+    let value = vec![b'x'; value_bytes()];
     let records: Vec<TestRecord> = (0..record_count())
         .map(|n| TestRecord::keyed(format!("k{}", n % 100), value.clone()))
         .collect();
@@ -455,7 +580,7 @@ async fn run(broker: &Broker) -> Figures {
     kafka.produce("plain-in", records.clone()).await;
     kafka.produce("relay-in", records).await;
     // json-enrich needs JSON: the same size, as a JSON object.
-    let padding = "x".repeat(VALUE_BYTES - 30);
+    let padding = "x".repeat(value_bytes().saturating_sub(JSON_OVERHEAD_BYTES));
     let json_records: Vec<TestRecord> = (0..record_count())
         .map(|n| {
             TestRecord::keyed(
@@ -500,56 +625,11 @@ async fn run(broker: &Broker) -> Figures {
     let relay_cpu = Cpu::now(relay_pid, tansu).since(before);
     let relay_threads = thread_cpu_since(thread_cpu_ms(relay.pid()), &threads_before);
 
-    // Latency at a fixed rate.
-    let count = (LATENCY_RATE * LATENCY_SECONDS) as usize;
-    let direct = latency_reader(broker, "lat-in", count);
-    let relayed = latency_reader(broker, "lat-out", count);
-    let looped = latency_reader(broker, "lat-plain-out", count);
-    let producer: FutureProducer = link(broker)
-        .producer_config()
-        .set("linger.ms", "0")
-        .create()
-        .unwrap();
-    let produce = async {
-        let mut ticker = tokio::time::interval(Duration::from_nanos(1_000_000_000 / LATENCY_RATE));
-        let mut pending = FuturesUnordered::new();
-        for n in 0..count {
-            ticker.tick().await;
-            let key = format!("k{n}");
-            let sent = now_ns().to_string();
-            let headers = OwnedHeaders::new().insert(Header {
-                key: SENT_HEADER,
-                value: Some(sent.as_str()),
-            });
-            let ack = producer
-                .send_result(
-                    FutureRecord::to("lat-in")
-                        .key(&key)
-                        .payload(&value[..100])
-                        .headers(headers),
-                )
-                .map_err(|(e, _)| e)
-                .unwrap();
-            pending.push(ack);
-            while let Some(Some(_)) = futures::FutureExt::now_or_never(pending.next()) {}
-        }
-        while pending.next().await.is_some() {}
+    let latency = if skip_latency() {
+        None
+    } else {
+        Some(measure_latency(broker).await)
     };
-    // The baseline: a plain loop doing the relay's two broker trips, on the
-    // same input at the same time.
-    tokio::join!(
-        produce,
-        plain_loop(
-            broker,
-            "bench-plain-latency",
-            "lat-in",
-            "lat-plain-out",
-            count
-        )
-    );
-    let direct = direct.await.unwrap();
-    let relayed = relayed.await.unwrap();
-    let looped = looped.await.unwrap();
     drop(relay);
 
     // Throughput through json-enrich: a relay of its own, started now.
@@ -580,9 +660,7 @@ async fn run(broker: &Broker) -> Figures {
         plain_cpu,
         relay_cpu,
         relay_threads,
-        direct,
-        relayed,
-        looped,
+        latency,
     }
 }
 
@@ -594,10 +672,17 @@ fn print_run(broker: &Broker, figures: &Figures) {
     } else {
         "loopback"
     };
+    let partitions = partition_count();
+    let partitions = if partitions == 1 {
+        "1 partition".to_string()
+    } else {
+        format!("{partitions} partitions")
+    };
     println!();
     println!(
-        "relay throughput: {} records of {VALUE_BYTES} B, 3 partitions, tansu on {over}",
-        record_count()
+        "relay throughput: {} records of {} B, {partitions}, tansu on {over}",
+        record_count(),
+        value_bytes()
     );
     println!(
         "{:<44} {:>10.0} records/s ({:.2} s)",
@@ -659,10 +744,14 @@ fn print_run(broker: &Broker, figures: &Figures) {
         );
     }
     println!();
+    let Some(latency) = &figures.latency else {
+        println!("latency: skipped (RELAY_BENCH_SKIP_LATENCY=1)");
+        return;
+    };
     println!(
-        "latency at {LATENCY_RATE} records/s for {LATENCY_SECONDS} s (100 B), ms from produce to read"
+        "latency at {LATENCY_RATE} records/s for {LATENCY_SECONDS} s ({LATENCY_VALUE_BYTES} B), ms from produce to read"
     );
-    let (direct, relayed) = (&figures.direct, &figures.relayed);
+    let (direct, relayed) = (&latency.direct, &latency.relayed);
     let (d50, d99) = (percentile(direct, 0.5), percentile(direct, 0.99));
     let (r50, r99) = (percentile(relayed, 0.5), percentile(relayed, 0.99));
     println!(
@@ -673,7 +762,7 @@ fn print_run(broker: &Broker, figures: &Figures) {
         "{:<44} p50 {r50:>7.1}  p99 {r99:>7.1}",
         "through the relay (output topic)"
     );
-    let looped = &figures.looped;
+    let looped = &latency.looped;
     let (l50, l99) = (percentile(looped, 0.5), percentile(looped, 0.99));
     println!(
         "{:<44} p50 {l50:>7.1}  p99 {l99:>7.1}",
@@ -744,32 +833,146 @@ fn print_comparison(plain: &Figures, tls: &Figures) {
         &|f| per_record(f.relay_cpu.broker),
         1,
     );
-    row("latency p50 direct, ms", &|f| percentile(&f.direct, 0.5), 1);
+    if plain.latency.is_none() || tls.latency.is_none() {
+        return;
+    }
+    /// The latencies of a run that has them (both have: checked above).
+    fn latency(figures: &Figures) -> &Latencies {
+        figures.latency.as_ref().unwrap()
+    }
+    row(
+        "latency p50 direct, ms",
+        &|f| percentile(&latency(f).direct, 0.5),
+        1,
+    );
     row(
         "latency p99 direct, ms",
-        &|f| percentile(&f.direct, 0.99),
+        &|f| percentile(&latency(f).direct, 0.99),
         1,
     );
     row(
         "latency p50 through the relay, ms",
-        &|f| percentile(&f.relayed, 0.5),
+        &|f| percentile(&latency(f).relayed, 0.5),
         1,
     );
     row(
         "latency p99 through the relay, ms",
-        &|f| percentile(&f.relayed, 0.99),
+        &|f| percentile(&latency(f).relayed, 0.99),
         1,
     );
     row(
         "latency p50 added by the relay over a plain loop, ms",
-        &|f| percentile(&f.relayed, 0.5) - percentile(&f.looped, 0.5),
+        &|f| percentile(&latency(f).relayed, 0.5) - percentile(&latency(f).looped, 0.5),
         1,
     );
     row(
         "latency p99 added by the relay over a plain loop, ms",
-        &|f| percentile(&f.relayed, 0.99) - percentile(&f.looped, 0.99),
+        &|f| percentile(&latency(f).relayed, 0.99) - percentile(&latency(f).looped, 0.99),
         1,
     );
+}
+
+/// Appends the figures of one run as a JSON line to the file
+/// `RELAY_BENCH_JSON` names, if it is set (what `bench/throughput-sweep.sh`
+/// collects and plots). Rates are records/s, CPU is µs per record,
+/// latencies are ms (null when the latency part was skipped).
+fn append_json_line(broker: &Broker, figures: &Figures) {
+    let Ok(path) = std::env::var("RELAY_BENCH_JSON") else {
+        return;
+    };
+    let latency_ms = |series: fn(&Latencies) -> &[f64], p: f64| {
+        figures
+            .latency
+            .as_ref()
+            .map(|latency| percentile(series(latency), p))
+    };
+    let threads: serde_json::Map<String, serde_json::Value> = figures
+        .relay_threads
+        .iter()
+        .filter(|(_, ms)| **ms > 0)
+        .map(|(group, ms)| (group.clone(), per_record(*ms).into()))
+        .collect();
+    let line = serde_json::json!({
+        "bench": "relay_throughput",
+        "commit": commit(),
+        "uncommitted_changes": uncommitted_changes(),
+        "unix_time": SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_secs(),
+        "load_average_1m": load_average(),
+        "over": if broker.is_tls() { "tls" } else { "loopback" },
+        "link_options": std::env::var("RELAY_BENCH_LINK_OPTIONS").ok(),
+        "partitions": partition_count(),
+        "value_bytes": value_bytes(),
+        "records": record_count(),
+        "plain_rate": figures.plain_rate(),
+        "relay_rate": figures.relay_rate(),
+        "enrich_rate": figures.enrich_rate(),
+        "relay_ratio": figures.relay_rate() / figures.plain_rate(),
+        "enrich_ratio": figures.enrich_rate() / figures.plain_rate(),
+        "plain_seconds": figures.plain.as_secs_f64(),
+        "relay_seconds": figures.through_relay.as_secs_f64(),
+        "enrich_seconds": figures.through_enrich.as_secs_f64(),
+        "plain_cpu_us_per_record": per_record(figures.plain_cpu.bench),
+        "relay_cpu_us_per_record": per_record(figures.relay_cpu.relay),
+        "tansu_cpu_us_per_record_plain": per_record(figures.plain_cpu.broker),
+        "tansu_cpu_us_per_record_relay": per_record(figures.relay_cpu.broker),
+        "relay_threads_us_per_record": threads,
+        "latency_direct_p50_ms": latency_ms(|l| &l.direct, 0.5),
+        "latency_direct_p99_ms": latency_ms(|l| &l.direct, 0.99),
+        "latency_relayed_p50_ms": latency_ms(|l| &l.relayed, 0.5),
+        "latency_relayed_p99_ms": latency_ms(|l| &l.relayed, 0.99),
+        "latency_looped_p50_ms": latency_ms(|l| &l.looped, 0.5),
+        "latency_looped_p99_ms": latency_ms(|l| &l.looped, 0.99),
+    });
+    let mut file = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(&path)
+        .unwrap_or_else(|e| panic!("opening {path} (RELAY_BENCH_JSON): {e}"));
+    writeln!(file, "{line}").unwrap_or_else(|e| panic!("writing to {path}: {e}"));
+}
+
+/// `git ARGS` in the repository root: its exit code and trimmed output, or
+/// None if git could not be run.
+fn git(args: &[&str]) -> Option<(Option<i32>, String)> {
+    let output = std::process::Command::new("git")
+        .args(args)
+        .current_dir(support::repo_root())
+        .output()
+        .ok()?;
+    let stdout = String::from_utf8_lossy(&output.stdout).trim().to_string();
+    Some((output.status.code(), stdout))
+}
+
+/// The commit of this checkout (`git rev-parse --short HEAD`), or
+/// `unknown`.
+fn commit() -> String {
+    match git(&["rev-parse", "--short", "HEAD"]) {
+        Some((Some(0), hash)) if !hash.is_empty() => hash,
+        _ => "unknown".to_string(),
+    }
+}
+
+/// Whether the sources of what runs (host, client, protocol, plugins) have
+/// changes not committed; None if git cannot tell.
+fn uncommitted_changes() -> Option<bool> {
+    let args = [
+        "diff", "--quiet", "HEAD", "--", "host", "client", "protocol", "plugins",
+    ];
+    match git(&args)?.0? {
+        0 => Some(false),
+        1 => Some(true),
+        _ => None,
+    }
+}
+
+/// The 1-minute load average at the end of the run, if Linux says.
+fn load_average() -> Option<f64> {
+    std::fs::read_to_string("/proc/loadavg")
+        .ok()?
+        .split_whitespace()
+        .next()?
+        .parse()
+        .ok()
 }
 
 /// `value` with `decimals` decimals, thousands separated when whole.
@@ -799,6 +1002,7 @@ async fn main() {
         let broker = Broker::plaintext();
         let figures = run(&broker).await;
         print_run(&broker, &figures);
+        append_json_line(&broker, &figures);
         figures
     };
     if tls {
@@ -806,6 +1010,7 @@ async fn main() {
         let broker = Broker::tls();
         let figures = run(&broker).await;
         print_run(&broker, &figures);
+        append_json_line(&broker, &figures);
         print_comparison(&plain, &figures);
     }
 }

@@ -607,17 +607,18 @@ async fn sigterm_under_load_finishes_in_flight_work_and_exits_0() {
         .await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn transform_flow_processes_into_the_output_topic_without_an_app() {
-    let kafka = Tansu::start();
-    kafka.create_topic("raw", 2).await;
+/// A relay with one transform flow from `raw` to `cooked` (dead letters to
+/// `raw.dlq`); `flow` adds the flow's name, chains and settings, and may
+/// end with more tables. json-enrich adds `"stage": "transformed"`.
+fn transform_config(kafka: &Tansu, flow: &str) -> String {
     let plugins = support::plugins_dist().display().to_string();
-    let config = format!(
+    format!(
         r#"
 [admin]
 listen = "127.0.0.1:0"
 [plugins]
 dir = "{plugins}"
+call_deadline = "5s"
 [plugins.config.json-enrich]
 field = "stage"
 value = "transformed"
@@ -626,17 +627,28 @@ bootstrap_servers = "{}"
 [links.main.options]
 "fetch.wait.max.ms" = "10"
 [[flows]]
-name = "transform"
 link = "main"
 input_topic = "raw"
-service_call = ["json-enrich"]
-data_return = ["mask-fields"]
 output_topic = "cooked"
 dead_letter_topic = "raw.dlq"
+{flow}"#,
+        kafka.bootstrap()
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn transform_flow_processes_into_the_output_topic_without_an_app() {
+    let kafka = Tansu::start();
+    kafka.create_topic("raw", 2).await;
+    let config = transform_config(
+        &kafka,
+        r#"
+name = "transform"
+service_call = ["json-enrich"]
+data_return = ["mask-fields"]
 [plugins.config.mask-fields]
 fields = "secret"
 "#,
-        kafka.bootstrap()
     );
     let relay = RelayProcess::start(&config, &[]);
     let records: Vec<TestRecord> = (0..100)
@@ -815,32 +827,14 @@ async fn a_transform_flow_in_batches_keeps_each_key_in_order_and_dead_letters_on
     const KEYS: u64 = 50;
     let kafka = Tansu::start();
     kafka.create_topic("raw", 3).await;
-    let plugins = support::plugins_dist().display().to_string();
-    let config = format!(
+    let config = transform_config(
+        &kafka,
         r#"
-[admin]
-listen = "127.0.0.1:0"
-[plugins]
-dir = "{plugins}"
-call_deadline = "5s"
-[plugins.config.json-enrich]
-field = "stage"
-value = "transformed"
-[links.main]
-bootstrap_servers = "{}"
-[links.main.options]
-"fetch.wait.max.ms" = "10"
-[[flows]]
 name = "batches"
-link = "main"
-input_topic = "raw"
 group = "transform-batches"
 max_in_flight = 256
 service_call = ["passthrough", "json-enrich"]
-output_topic = "cooked"
-dead_letter_topic = "raw.dlq"
 "#,
-        kafka.bootstrap()
     );
     // Every 10th record is not JSON: json-enrich dead-letters it.
     let records: Vec<TestRecord> = (0..COUNT)
