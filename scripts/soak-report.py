@@ -24,15 +24,17 @@ for line in open(f"{out}/output.log", errors="replace"):
 lines = [f"Soak of {minutes} minutes (`scripts/soak.sh {minutes}`).", ""]
 lines += ["| flow | produced | delivered | duplicated | lost | longest stall (ms) |", "|---|---|---|---|---|---|"]
 lines += [f"| {r['scenario']} | {r['produced']} | {r['delivered']} | {r['duplicated']} | {r['lost']} | {r['max_stall_ms']} |" for r in rows]
-lines += ["", "| process | measure | after warm-up | at the end | growth | judged |", "|---|---|---|---|---|---|"]
-lines += [f"| {g['process']} | {g['what']} | {g['after_warm_up']} | {g['at_the_end']} | {g['growth'] * 100:+.1f}% | {'yes' if g.get('judged', True) else 'no'} |" for g in growth]
+lines += ["", "| process | measure | trend after warm-up | trend at the end | growth | judged | first cycle (median) | last cycle (median) |",
+          "|---|---|---|---|---|---|---|---|"]
+lines += [f"| {g['process']} | {g['what']} | {g['after_warm_up']} | {g['at_the_end']} | {g['growth'] * 100:+.1f}% | {'yes' if g.get('judged', True) else 'no'} "
+          f"| {g.get('first_cycle_median', '')} | {g.get('last_cycle_median', '')} |" for g in growth]
 lines += ["", "| process | samples | tasks | threads | client connections | open files | records in progress (most) | awaiting ack (most) |",
           "|---|---|---|---|---|---|---|---|"]
 span = lambda points, key: f"{min(p[key] for p in points)}-{max(p[key] for p in points)}"
 for process, points in samples.items():
     lines.append(f"| {process} | {len(points)} | {span(points, 'tasks')} | {span(points, 'threads')} | {span(points, 'connections')} "
                  f"| {span(points, 'open_files')} | {max(p['in_progress'] for p in points)} | {max(p['awaiting_ack'] for p in points)} |")
-lines += ["", "Ranges are min-max over the samples. Open files less client connections is what must stay flat for a node: its clients move between nodes by design. anon_kib is the RSS's anonymous memory (RssAnon: heap, stacks), what a leak raises; the rest of the RSS is mostly the debug binary's pages (RssFile), shown and not judged."]
+lines += ["", "The trend is the least-squares line through the samples of the whole fault cycles after minute 5; growth is its rise over its value after the warm-up. Ranges are min-max over the samples. Open files less client connections is what must stay flat for a node: its clients move between nodes by design. anon_kib is the RSS's anonymous memory (RssAnon: heap, stacks), what a leak raises; the rest of the RSS is mostly the debug binary's pages (RssFile), shown and not judged."]
 open(f"{out}/summary.md", "w").write("\n".join(lines) + "\n")
 print("\n".join(lines))
 

@@ -7,9 +7,11 @@
 # raises; the rest of the RSS is mostly the debug binary's pages, reported
 # beside) or the open files (less a node's client connections) of a relay
 # that ran throughout
-# grew by 5% or more from the first five-minute fault cycle after minute 5
-# to the last one (the second quarter of the run against its second half,
-# if it is shorter than 15 minutes).
+# grew by 5% or more from minute 5 to the end: the least-squares line
+# through the samples of the whole five-minute fault cycles after minute 5
+# (the second half of the run, if it is shorter than 15 minutes), so the
+# ups and downs within a cycle do not count and a trend or a step that
+# stays does. The medians of the first and last cycles are shown beside.
 #
 #   scripts/soak.sh MINUTES [OUT_DIR]
 #

@@ -22,11 +22,11 @@ use futures::future::BoxFuture;
 use rdkafka::error::KafkaError;
 use tokio_util::sync::CancellationToken;
 
-use super::chain::{ChainFailure, PluginChain};
+use super::chain::{BatchResult, PluginChain};
 use super::dead_letter::{
     DROPPED_HEADER, Stage, add_origin_headers, dead_letter_record, without_the_message,
 };
-use super::retry::{Attempt, Retried, failure_reason, retry};
+use super::retry::{Retried, failure_reason, retry_after};
 use super::target::{Delivery, DeliveryEnd, DeliveryTarget};
 use crate::config::RetryConfig;
 use crate::kafka::consumer::{Completion, Handling, MessageHandler, Outcome};
@@ -129,6 +129,14 @@ impl MessageHandler for FlowMessageHandler {
     }
 }
 
+/// What a batch began for one of its records before the record's own
+/// ordered part: the record counted as consumed and in progress, and the
+/// service-call chain's first attempt made for the whole batch.
+struct Started {
+    in_progress: HeldGauge,
+    first_attempt: BatchResult,
+}
+
 fn abandoned() -> Completion {
     async { Outcome::Abandoned }.boxed()
 }
@@ -152,6 +160,14 @@ impl FlowHandler {
         inputs: Vec<InputRecord>,
         abort: CancellationToken,
     ) -> Vec<Handling> {
+        // Counted from here: the batch's call is part of each record's work.
+        let held: Vec<HeldGauge> = inputs
+            .iter()
+            .map(|_| {
+                self.metrics.consumed.inc();
+                HeldGauge::hold(&self.metrics.in_progress)
+            })
+            .collect();
         let first_attempts = if self.service_call.is_empty() {
             inputs.iter().map(|_| None).collect()
         } else {
@@ -164,13 +180,18 @@ impl FlowHandler {
         inputs
             .into_iter()
             .zip(first_attempts)
-            .map(|(input, first_attempt)| {
+            .zip(held)
+            .map(|((input, first_attempt), in_progress)| {
                 let flow = self.clone();
                 let abort = abort.clone();
+                let started = Started {
+                    in_progress,
+                    first_attempt,
+                };
                 // As in `handle`: the ordered part yields the completion.
                 #[allow(clippy::async_yields_async)]
                 let ordered =
-                    async move { flow.handle_in_order(input, abort, first_attempt).await };
+                    async move { flow.handle_in_order(input, abort, Some(started)).await };
                 ordered.boxed()
             })
             .collect()
@@ -178,33 +199,34 @@ impl FlowHandler {
 
     /// The ordered part: chains and application delivery; produces are
     /// enqueued, and the returned completion waits for their acknowledgements.
-    /// `first_attempt`: the service-call chain's result for this record from
-    /// a batch, if it settled it.
+    /// `started`: what a batch began for this record (counted, and the
+    /// service-call chain's first attempt), if it came in one.
     async fn handle_in_order(
         self: Arc<Self>,
         input: InputRecord,
         abort: CancellationToken,
-        first_attempt: Option<Attempt<Vec<OutputRecord>, ChainFailure>>,
+        started: Option<Started>,
     ) -> Completion {
-        self.metrics.consumed.inc();
         // Given back however the record ends, with the completion below.
-        let in_progress = HeldGauge::hold(&self.metrics.in_progress);
+        let (in_progress, first_attempt) = match started {
+            Some(started) => (started.in_progress, started.first_attempt),
+            None => {
+                self.metrics.consumed.inc();
+                (HeldGauge::hold(&self.metrics.in_progress), None)
+            }
+        };
         let mut outputs: Vec<OutputRecord> = Vec::new();
         let mut dead_letters: Vec<OutputRecord> = Vec::new();
 
-        let service_call = match first_attempt {
-            Some(Attempt::Success(calls)) => ChainRun::Output(calls),
-            Some(Attempt::GiveUp(failure)) => ChainRun::DeadLetter(self.dead_letter(
-                original(&input),
+        let service_call = self
+            .run_chain_after(
+                first_attempt,
+                &self.service_call,
                 &input,
-                &Stage::Plugin(failure.plugin),
-                &failure.reason,
-            )),
-            Some(Attempt::Retry(_)) | None => {
-                self.run_chain(&self.service_call, &input, original(&input), &abort)
-                    .await
-            }
-        };
+                original(&input),
+                &abort,
+            )
+            .await;
         let calls = match service_call {
             ChainRun::Output(calls) => calls,
             ChainRun::DeadLetter(record) => {
@@ -310,10 +332,25 @@ impl FlowHandler {
         message: OutputRecord,
         abort: &CancellationToken,
     ) -> ChainRun {
+        self.run_chain_after(None, chain, input, message, abort)
+            .await
+    }
+
+    /// [`Self::run_chain`], its first attempt's result given when a batch
+    /// made it (`None`: not made, or not settled by the batch).
+    async fn run_chain_after(
+        &self,
+        first_attempt: BatchResult,
+        chain: &PluginChain,
+        input: &InputRecord,
+        message: OutputRecord,
+        abort: &CancellationToken,
+    ) -> ChainRun {
         if chain.is_empty() {
             return ChainRun::Output(vec![message]);
         }
-        let retried = retry(
+        let retried = retry_after(
+            first_attempt,
             &self.retry,
             abort,
             |_| {

@@ -52,6 +52,24 @@ pub(crate) fn failure_reason(error: &str, attempts: u32, budget_spent: bool) -> 
 pub async fn retry<T, E, F, Fut>(
     policy: &RetryConfig,
     abort: &CancellationToken,
+    on_retry: impl FnMut(&E),
+    attempt: F,
+) -> Retried<T, E>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Attempt<T, E>>,
+{
+    retry_after(None, policy, abort, on_retry, attempt).await
+}
+
+/// [`retry`], when the first attempt was already made elsewhere (a batch's
+/// one call for many records): `first` is its result, which counts as
+/// attempt 1 and is followed, if it asks for a retry, by the same pause
+/// as any other.
+pub async fn retry_after<T, E, F, Fut>(
+    mut first: Option<Attempt<T, E>>,
+    policy: &RetryConfig,
+    abort: &CancellationToken,
     mut on_retry: impl FnMut(&E),
     mut attempt: F,
 ) -> Retried<T, E>
@@ -67,10 +85,13 @@ where
             return Retried::Aborted;
         }
         attempts += 1;
-        let result = tokio::select! {
-            biased;
-            _ = abort.cancelled() => return Retried::Aborted,
-            result = attempt() => result,
+        let result = match first.take() {
+            Some(result) => result,
+            None => tokio::select! {
+                biased;
+                _ = abort.cancelled() => return Retried::Aborted,
+                result = attempt() => result,
+            },
         };
         let error = match result {
             Attempt::Success(value) => return Retried::Success(value),
@@ -136,6 +157,53 @@ mod tests {
         .await;
         assert_eq!(result, Retried::Success(4));
         assert_eq!(retries, 3);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_first_attempt_made_elsewhere_counts_and_is_followed_by_a_pause() {
+        let started = tokio::time::Instant::now();
+        let mut calls = 0;
+        let mut retries = 0;
+        let result: Retried<i32> = retry_after(
+            Some(Attempt::Retry("the batch's call failed".to_string())),
+            &policy(10_000),
+            &CancellationToken::new(),
+            |_| retries += 1,
+            || {
+                calls += 1;
+                async { Attempt::Success(7) }
+            },
+        )
+        .await;
+        assert_eq!(result, Retried::Success(7));
+        assert_eq!((calls, retries), (1, 1), "one more call, after one retry");
+        assert!(
+            started.elapsed() >= Duration::from_millis(5),
+            "paused first: at least half the 10 ms initial pause"
+        );
+
+        // A first attempt that settled is the result, with no call.
+        let mut calls = 0;
+        let given_up: Retried<i32> = retry_after(
+            Some(Attempt::GiveUp("refused".to_string())),
+            &policy(10_000),
+            &CancellationToken::new(),
+            |_| {},
+            || {
+                calls += 1;
+                async { Attempt::Success(7) }
+            },
+        )
+        .await;
+        assert_eq!(
+            given_up,
+            Retried::Failed {
+                error: "refused".to_string(),
+                attempts: 1,
+                budget_spent: false
+            }
+        );
+        assert_eq!(calls, 0);
     }
 
     #[tokio::test(start_paused = true)]
