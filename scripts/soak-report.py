@@ -1,7 +1,8 @@
 """The soak's report (scripts/soak.sh): from OUT_DIR/samples.csv and the
 rows and growth lines in OUT_DIR/output.log, writes OUT_DIR/summary.md (a
-table in Markdown) and OUT_DIR/soak.svg (anonymous memory, RSS, and open
-files less client connections over time, one line a process), with nothing but the standard library."""
+table in Markdown) and OUT_DIR/soak.svg (heap in use, anonymous memory,
+RSS, and open files less client connections over time, one line a
+process), with nothing but the standard library."""
 
 import csv
 import json
@@ -34,18 +35,19 @@ span = lambda points, key: f"{min(p[key] for p in points)}-{max(p[key] for p in 
 for process, points in samples.items():
     lines.append(f"| {process} | {len(points)} | {span(points, 'tasks')} | {span(points, 'threads')} | {span(points, 'connections')} "
                  f"| {span(points, 'open_files')} | {max(p['in_progress'] for p in points)} | {max(p['awaiting_ack'] for p in points)} |")
-lines += ["", "The trend is the least-squares line through the samples of the whole fault cycles after minute 5; growth is its rise over its value after the warm-up. Ranges are min-max over the samples. Open files less client connections is what must stay flat for a node: its clients move between nodes by design. anon_kib is the RSS's anonymous memory (RssAnon: heap, stacks), what a leak raises; the rest of the RSS is mostly the debug binary's pages (RssFile), shown and not judged."]
+lines += ["", "The trend is the least-squares line through the samples of the whole fault cycles after minute 5; growth is its rise over its value after the warm-up. Ranges are min-max over the samples. Open files less client connections is what must stay flat for a node: its clients move between nodes by design. heap_in_use_kib is glibc's heap allocated and not freed (wasmrelay_heap_in_use_bytes), what a leak raises; anon_kib is the RSS's anonymous memory (RssAnon: heap pages, free ones the allocator keeps included, stacks); the rest of the RSS is mostly the debug binary's pages (RssFile), shown and not judged."]
 open(f"{out}/summary.md", "w").write("\n".join(lines) + "\n")
 print("\n".join(lines))
 
-# The plot: three panels, anonymous memory and RSS (MiB), and open files
+# The plot: four panels, heap in use, anonymous memory and RSS (MiB), and open files
 # less client connections, against minutes.
 for points in samples.values():
     for p in points:
         p["files_less_clients"] = p["open_files"] - p["connections"]
 colors = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e"]
 width, panel, margin = 760, 240, 50
-panels = [("anon_kib", "anonymous memory, RssAnon (MiB)", 1 / 1024), ("rss_kib", "RSS, VmRSS (MiB)", 1 / 1024),
+panels = [("heap_in_use_kib", "heap in use, wasmrelay_heap_in_use_bytes (MiB)", 1 / 1024),
+          ("anon_kib", "anonymous memory, RssAnon (MiB)", 1 / 1024), ("rss_kib", "RSS, VmRSS (MiB)", 1 / 1024),
           ("files_less_clients", "open files less client connections", 1)]
 panels = [p for p in panels if all(p[0] in q for pts in samples.values() for q in pts)]
 svg = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{len(panels) * panel + (len(panels) + 1) * margin}" font-family="sans-serif" font-size="12">',

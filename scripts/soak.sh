@@ -3,8 +3,9 @@
 # MINUTES, a fault every minute in turn (tests/e2e/soak.rs), each relay's
 # RSS (anonymous memory and file pages apart), open files, threads, tokio
 # tasks, client connections and unfinished records sampled every 10 s.
-# Fails on any loss, or if the anonymous memory (RssAnon: what a leak
-# raises; the rest of the RSS is mostly the debug binary's pages, reported
+# Fails on any loss, or if the heap in use (wasmrelay_heap_in_use_bytes:
+# what a leak raises; the anonymous memory, which also holds what glibc
+# keeps free, and the RSS, mostly the debug binary's pages, are reported
 # beside) or the open files (less a node's client connections) of a relay
 # that ran throughout
 # grew by 5% or more from minute 5 to the end: the least-squares line

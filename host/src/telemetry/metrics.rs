@@ -55,6 +55,10 @@ pub struct RelayMetrics {
     /// The tokio tasks alive, read at each render (a leak of tasks shows
     /// here first; the soak watches it).
     runtime_tasks: Gauge,
+    /// glibc's heap, read at each render: bytes allocated and not freed
+    /// (what a leak raises) and bytes free in its arenas.
+    heap_in_use_bytes: Gauge,
+    heap_free_bytes: Gauge,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -353,6 +357,18 @@ impl RelayMetrics {
             "Tokio tasks alive in the relay's runtime",
             runtime_tasks.clone(),
         );
+        let heap_in_use_bytes = Gauge::default();
+        registry.register(
+            "heap_in_use_bytes",
+            "Bytes of glibc's heap allocated and not freed (mallinfo2: arenas and mmap); unlike the resident size, free memory the allocator keeps is not counted",
+            heap_in_use_bytes.clone(),
+        );
+        let heap_free_bytes = Gauge::default();
+        registry.register(
+            "heap_free_bytes",
+            "Bytes free in glibc's arenas, kept by the allocator for reuse (mallinfo2)",
+            heap_free_bytes.clone(),
+        );
         registry.register(
             "messages_in_progress",
             "Records consumed and not finished yet (in plugins, at the application, or awaiting Kafka's acknowledgement), per flow",
@@ -365,6 +381,8 @@ impl RelayMetrics {
         );
         RelayMetrics {
             runtime_tasks,
+            heap_in_use_bytes,
+            heap_free_bytes,
             in_progress,
             awaiting_ack,
             cluster,
@@ -472,6 +490,11 @@ impl RelayMetrics {
             self.runtime_tasks
                 .set(i64::try_from(alive).unwrap_or(i64::MAX));
         }
+        if let Some(heap) = wasmrelay_malloc::heap_usage() {
+            let bytes = |n: u64| i64::try_from(n).unwrap_or(i64::MAX);
+            self.heap_in_use_bytes.set(bytes(heap.in_use_bytes));
+            self.heap_free_bytes.set(bytes(heap.free_bytes));
+        }
         let mut out = String::new();
         if let Ok(registry) = self.registry.lock() {
             // Writing to a String cannot fail.
@@ -495,6 +518,12 @@ mod tests {
             .collect();
         let text = metrics.render();
         assert!(text.contains("wasmrelay_runtime_tasks 3"), "{text}");
+        let heap_in_use: u64 = text
+            .lines()
+            .find_map(|line| line.strip_prefix("wasmrelay_heap_in_use_bytes "))
+            .and_then(|n| n.parse().ok())
+            .unwrap_or_else(|| panic!("no wasmrelay_heap_in_use_bytes: {text}"));
+        assert!(heap_in_use > 0, "{text}");
         for task in &waiting {
             task.abort();
         }
