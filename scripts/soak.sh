@@ -17,7 +17,9 @@
 #   scripts/soak.sh MINUTES [OUT_DIR]
 #
 # OUT_DIR (default target/soak) gets samples.csv, summary.md (the growth
-# table) and soak.svg (the plot). Expects what scripts/test.sh builds
+# table) and soak.svg (the plot). WASMRELAY_SOAK_HEAPTRACK=path runs the
+# sidecar with heaptrack's preload library (Debian heaptrack), its raw
+# trace written to path (see tests/e2e/soak.rs for reading it). Expects what scripts/test.sh builds
 # first (the example plugins, the wasmrelay binary).
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -224,7 +224,20 @@ async fn soak_a_sidecar_and_a_cluster_under_load_and_faults_stay_flat() {
     )
     .replace("\"batch.num.messages\" = \"1\"\n", "");
     assert!(!sidecar_config.contains("batch.num.messages"));
-    let sidecar = RelayProcess::start(&sidecar_config, &[]);
+    // WASMRELAY_SOAK_HEAPTRACK=path: the sidecar runs with heaptrack's
+    // preload library and writes its raw trace to `path` (read it with
+    // `heaptrack_interpret < path | zstd > trace.zst` and
+    // `heaptrack_print --print-leaks trace.zst`): what its heap holds at
+    // the end, by call stack.
+    let heaptrack = std::env::var("WASMRELAY_SOAK_HEAPTRACK").ok();
+    let sidecar_env: Vec<(&str, &str)> = match &heaptrack {
+        Some(path) => vec![
+            ("LD_PRELOAD", "/usr/lib/heaptrack/libheaptrack_preload.so"),
+            ("DUMP_HEAPTRACK_OUTPUT", path.as_str()),
+        ],
+        None => Vec::new(),
+    };
+    let sidecar = RelayProcess::start(&sidecar_config, &sidecar_env);
 
     // The cluster: processes reach node-a and node-b through proxies (the
     // storm resets them); node-c is the one killed and restarted.
