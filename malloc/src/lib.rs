@@ -125,6 +125,10 @@ fn usage() -> Option<HeapUsage> {
 mod tests {
     use super::*;
 
+    /// The tests that measure the heap run one at a time (`cargo test` runs
+    /// a binary's tests on several threads; nextest, one a process).
+    static HEAP: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
     #[test]
     fn the_environment_wins_over_the_default() {
         assert_eq!(arena_max_to_set(None), Some(DEFAULT_ARENA_MAX));
@@ -135,6 +139,7 @@ mod tests {
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
     #[test]
     fn the_heap_in_use_follows_what_is_allocated_and_freed() {
+        let _alone = HEAP.lock().unwrap_or_else(|e| e.into_inner());
         let before = heap_usage().unwrap().in_use_bytes;
         // Small blocks (from the arenas) and one large one (mmap).
         let small: Vec<Vec<u8>> = (0..4_096).map(|n| vec![n as u8; 1024]).collect();
@@ -157,6 +162,7 @@ mod tests {
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
     #[test]
     fn free_memory_under_a_block_in_use_is_given_back() {
+        let _alone = HEAP.lock().unwrap_or_else(|e| e.into_inner());
         fn rss_anon_kib() -> u64 {
             std::fs::read_to_string("/proc/self/status")
                 .unwrap_or_default()
