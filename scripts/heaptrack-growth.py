@@ -14,11 +14,24 @@ this reads heaptrack's interpreted format (v, s, i, t, a, +, -, c lines;
 numbers in hex) with nothing but the standard library and zstd."""
 
 import collections
+import os
+import shutil
 import subprocess
 import sys
 
-path, t0 = sys.argv[1], int(float(sys.argv[2]) * 1000)
-t1 = int(float(sys.argv[3]) * 1000) if len(sys.argv) > 3 else 1 << 62
+if len(sys.argv) not in (3, 4):
+    sys.exit("usage: heaptrack-growth.py TRACE.zst FROM_S [TO_S]  (seconds after the relay started)")
+if not shutil.which("zstd"):
+    sys.exit("heaptrack-growth.py: zstd is missing (apt-get install -y zstd)")
+if not os.path.isfile(sys.argv[1]):
+    sys.exit(f"heaptrack-growth.py: no trace at {sys.argv[1]!r}")
+try:
+    path, t0 = sys.argv[1], int(float(sys.argv[2]) * 1000)
+    t1 = int(float(sys.argv[3]) * 1000) if len(sys.argv) > 3 else 1 << 62
+except ValueError:
+    sys.exit(f"heaptrack-growth.py: FROM_S and TO_S are seconds, not {sys.argv[2:]!r}")
+if t1 <= t0:
+    sys.exit("heaptrack-growth.py: TO_S must be after FROM_S")
 reader = subprocess.Popen(["zstd", "-dc", path], stdout=subprocess.PIPE, text=True, errors="replace")
 strings, ips, traces, allocations = [""], [0], [(0, 0)], []
 now, net, count = 0, collections.Counter(), collections.Counter()
@@ -43,6 +56,10 @@ for line in reader.stdout:
         ips.append(int(parts[3], 16) if len(parts) > 3 else 0)
     elif kind == "s":
         strings.append(line[2:].rstrip("\n").split(" ", 1)[1] if " " in line[2:] else "")
+if reader.wait() != 0:
+    sys.exit(f"heaptrack-growth.py: zstd could not read {path!r} (an interpreted heaptrack trace, .zst)")
+if not allocations:
+    sys.exit(f"heaptrack-growth.py: {path!r} holds no allocations: is it heaptrack_interpret's output?")
 
 
 def frames(trace):

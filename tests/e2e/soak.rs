@@ -229,10 +229,18 @@ async fn soak_a_sidecar_and_a_cluster_under_load_and_faults_stay_flat() {
     // `heaptrack_interpret < path | zstd > trace.zst` and
     // `heaptrack_print --print-leaks trace.zst`): what its heap holds at
     // the end, by call stack.
+    const HEAPTRACK_PRELOAD: &str = "/usr/lib/heaptrack/libheaptrack_preload.so";
     let heaptrack = std::env::var("WASMRELAY_SOAK_HEAPTRACK").ok();
+    if heaptrack.is_some() {
+        // Without it the loader only warns and the relay runs untraced.
+        assert!(
+            std::path::Path::new(HEAPTRACK_PRELOAD).exists(),
+            "WASMRELAY_SOAK_HEAPTRACK is set but {HEAPTRACK_PRELOAD} is missing: apt-get install -y heaptrack"
+        );
+    }
     let sidecar_env: Vec<(&str, &str)> = match &heaptrack {
         Some(path) => vec![
-            ("LD_PRELOAD", "/usr/lib/heaptrack/libheaptrack_preload.so"),
+            ("LD_PRELOAD", HEAPTRACK_PRELOAD),
             ("DUMP_HEAPTRACK_OUTPUT", path.as_str()),
         ],
         None => Vec::new(),
