@@ -57,6 +57,13 @@ const CONNECTION_PROPERTIES: &[&str] = &[
     "broker.address.family",
 ];
 
+/// Properties that take one of a few words, with the words.
+const CHOICE_PROPERTIES: &[(&str, &[&str])] = &[
+    // Whether to bootstrap again when every broker is down (see
+    // `link::RELAY_DEFAULTS`).
+    ("metadata.recovery.strategy", &["none", "rebootstrap"]),
+];
+
 /// Durations (milliseconds) and counts a center value may set; the value
 /// must be a whole number.
 const TIMING_PROPERTIES: &[&str] = &[
@@ -154,6 +161,16 @@ impl CenterPolicy {
                 Err(_) => Err(format!(
                     "`{property}`: expected a whole number (milliseconds or a count), got `{value}`"
                 )),
+            };
+        }
+        if let Some((_, words)) = CHOICE_PROPERTIES.iter().find(|(p, _)| *p == property) {
+            return if words.contains(&value) {
+                Ok(value.to_string())
+            } else {
+                Err(format!(
+                    "`{property}`: expected one of `{}`, got `{value}`",
+                    words.join("`, `")
+                ))
             };
         }
         if KERBEROS_NAMES.contains(&property) {
@@ -286,6 +303,17 @@ mod tests {
         );
         let error = refused(&policy, "request.timeout.ms", "soon");
         assert!(error.contains("`request.timeout.ms`"), "{error}");
+        assert_eq!(
+            policy
+                .check("metadata.recovery.strategy", "rebootstrap")
+                .as_deref(),
+            Ok("rebootstrap")
+        );
+        let error = refused(&policy, "metadata.recovery.strategy", "sometimes");
+        assert!(
+            error.contains("expected one of `none`, `rebootstrap`, got `sometimes`"),
+            "{error}"
+        );
     }
 
     #[test]

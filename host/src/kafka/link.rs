@@ -29,6 +29,20 @@ pub const MANAGED_PROPERTIES: &[&str] = &[
 /// at-least-once delivery rests on.
 pub const DURABILITY: &[(&str, &str)] = &[("acks", "all"), ("enable.idempotence", "true")];
 
+/// librdkafka defaults the relay changes (a link's options win over them),
+/// with why.
+///
+/// `metadata.recovery.strategy`: librdkafka 2.12's default, `rebootstrap`
+/// (KIP-1102), adds the bootstrap servers again as new broker objects when
+/// every known broker looks down at once, which a network cut causes, and
+/// never frees the ones they replace: each cut left about 100 KiB behind per
+/// client (docs/RELIABILITY.md, soak of 2026-12-05). With `none` a client
+/// keeps reconnecting to the brokers it knows. The price: a cluster whose
+/// brokers all move to new addresses under an unchanged `bootstrap.servers`
+/// is followed only after a config-center change or a restart. A link that
+/// needs re-bootstrap sets `metadata.recovery.strategy = "rebootstrap"`.
+pub const RELAY_DEFAULTS: &[(&str, &str)] = &[("metadata.recovery.strategy", "none")];
+
 /// Where a Kafka cluster is and how to talk to it.
 ///
 /// Secret property values (see [`is_secret`]) never leave it in clear:
@@ -188,6 +202,9 @@ impl LinkInfo {
 
     fn base_config(&self) -> ClientConfig {
         let mut config = ClientConfig::new();
+        for (key, value) in RELAY_DEFAULTS {
+            config.set(*key, *value);
+        }
         for (key, value) in &self.options {
             config.set(key, value);
         }
@@ -255,6 +272,32 @@ mod tests {
         assert_eq!(shown.options["sasl.password"], "***");
         assert_eq!(shown.options["ssl.key.password"], "***");
         assert_eq!(shown.options["sasl.username"], "relay");
+    }
+
+    #[test]
+    fn every_client_skips_rebootstrap_unless_the_link_asks_for_it() {
+        let plain = LinkInfo {
+            bootstrap_servers: "k:9092".into(),
+            options: BTreeMap::new(),
+        };
+        let asks = LinkInfo {
+            bootstrap_servers: "k:9092".into(),
+            options: BTreeMap::from([(
+                "metadata.recovery.strategy".to_string(),
+                "rebootstrap".to_string(),
+            )]),
+        };
+        for (info, expected) in [(&plain, "none"), (&asks, "rebootstrap")] {
+            for config in [
+                info.consumer_config("g", Duration::from_secs(1)),
+                info.producer_config(),
+                info.admin_config(),
+            ] {
+                assert_eq!(config.get("metadata.recovery.strategy"), Some(expected));
+            }
+        }
+        // librdkafka knows the property and the value (a client is made).
+        let _: rdkafka::producer::BaseProducer = plain.create(&plain.producer_config()).unwrap();
     }
 
     fn center_value(value: &str) -> Result<LinkInfo, String> {
