@@ -90,7 +90,10 @@ pub struct HeapUsage {
     /// Bytes allocated and not freed, from the arenas and from mmap: what
     /// the program holds, and what a leak raises. Unlike the resident size
     /// it does not count free memory the allocator keeps (fragmentation,
-    /// pages not given back yet).
+    /// pages not given back yet), except the freed chunks each thread's
+    /// cache (tcache) holds for reuse, which glibc counts as in use: up to
+    /// 7 chunks of each size up to 1 KiB a thread
+    /// (`GLIBC_TUNABLES=glibc.malloc.tcache_count=0` turns the cache off).
     pub in_use_bytes: u64,
     /// Bytes free in the arenas (kept by the allocator for reuse; partly
     /// resident).

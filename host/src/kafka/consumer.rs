@@ -520,6 +520,13 @@ impl Shared {
                 || lane.backlog.bytes() >= self.options.max_queued_bytes_per_partition)
             && pause(consumer, &self.topic, partition, true)
         {
+            tracing::debug!(
+                topic = %self.topic,
+                partition,
+                records = lane.backlog.records(),
+                bytes = lane.backlog.bytes(),
+                "lane full: partition paused"
+            );
             lane.paused = true;
         }
     }
@@ -536,6 +543,7 @@ impl Shared {
                 && lane.backlog.bytes() <= low_water_bytes
                 && pause(consumer, &self.topic, *partition, false)
             {
+                tracing::debug!(topic = %self.topic, partition, "lane drained: partition resumed");
                 lane.paused = false;
             }
         }

@@ -360,7 +360,7 @@ impl RelayMetrics {
         let heap_in_use_bytes = Gauge::default();
         registry.register(
             "heap_in_use_bytes",
-            "Bytes of glibc's heap allocated and not freed (mallinfo2: arenas and mmap); unlike the resident size, free memory the allocator keeps is not counted",
+            "Bytes of glibc's heap allocated and not freed (mallinfo2: arenas and mmap); unlike the resident size, free memory the allocator keeps is not counted, except the chunks in the threads' caches (tcache), which glibc counts as in use",
             heap_in_use_bytes.clone(),
         );
         let heap_free_bytes = Gauge::default();
