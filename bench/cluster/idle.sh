@@ -109,6 +109,21 @@ clients_rss() {
   echo "$total"
 }
 
+# clients_rss_before NAME...: summed RSS of client processes before their
+# first connection (each reports its own), KiB.
+clients_rss_before() {
+  local total=0 name
+  for name in "$@"; do
+    total=$((total + $(head -1 "$RUN_DIR/clients-$name.json" | json_field rss_before_kib)))
+  done
+  echo "$total"
+}
+
+# clients_json NAME...: the client-side fields of a result line.
+clients_json() {
+  echo "\"clients_rss_kib\": $(clients_rss "$@"), \"clients_rss_before_kib\": $(clients_rss_before "$@")"
+}
+
 connections_and_routes() {
   local id=$1 want_conns=$2 want_routes=$3
   [[ "$(cluster_field "$id" connections)" == "$want_conns" && "$(cluster_field "$id" routes)" == "$want_routes" ]]
@@ -135,9 +150,8 @@ for count in $COUNTS; do
     connections_and_routes "$id" "$count" "$count"
   sleep "$SETTLE_S"
   after=$(settled_rss_kb "$NODE_PID")
-  client_rss=$(clients_rss "$id-1" "$id-2")
   record "wasmrelay, 1 node" relay "$count" "$before" "$after" \
-    "{\"clients_rss_kib\": $client_rss, \"open_files\": $(ls /proc/"$NODE_PID"/fd | wc -l)}"
+    "{$(clients_json "$id-1" "$id-2"), \"open_files\": $(ls /proc/"$NODE_PID"/fd | wc -l)}"
   log "node RSS $before -> $after KiB; SDK client processes $client_rss KiB"
   stop_clients
   stop_node "$id"
@@ -153,7 +167,7 @@ for count in $COUNTS; do
   sleep "$SETTLE_S"
   after=$(settled_rss_kb "$nats_pid")
   record "nats-server, 1 server" nats "$count" "$before" "$after" \
-    "{\"clients_rss_kib\": $(clients_rss "nats-$count-1" "nats-$count-2")}"
+    "{$(clients_json "nats-$count-1" "nats-$count-2")}"
   log "nats-server RSS $before -> $after KiB"
   stop_clients
   stop_pid "$nats_pid"
@@ -209,7 +223,7 @@ for id in "${ids[@]}"; do
 done
 routes_seen=$(for id in "${ids[@]}"; do cluster_field "$id" routes; done | paste -sd, -)
 record "wasmrelay, $NODES nodes together" relay-cluster "$total" "$sum_before" "$sum_after" \
-  "{\"clients_rss_kib\": $(clients_rss "${ids[@]}"), \"routes_per_node\": [$routes_seen], \"nodes\": $NODES, \"per_node_connections\": $PER_NODE}"
+  "{$(clients_json "${ids[@]}"), \"routes_per_node\": [$routes_seen], \"nodes\": $NODES, \"per_node_connections\": $PER_NODE}"
 stop_clients
 
 echo

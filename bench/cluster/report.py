@@ -114,10 +114,19 @@ def idle(rows):
         if "clients_rss_kib" in r:
             # With several counts (COUNTS) a setup is there once per count.
             label = r["label"] if labels.count(r["label"]) == 1 else f"{r['label']}, {r['connections']:,} connections"
-            print(
+            line = (
                 f"Client side, {label}: {r['clients_rss_kib'] / 1024:.0f} MiB RSS in the client processes, "
-                f"{r['clients_rss_kib'] / r['connections']:.1f} KiB per connection."
+                f"{r['clients_rss_kib'] / r['connections']:.1f} KiB per connection"
             )
+            if "clients_rss_before_kib" in r:
+                # What the connections cost, as for the node: the processes'
+                # growth from before their first connection.
+                grown = r["clients_rss_kib"] - r["clients_rss_before_kib"]
+                line += (
+                    f"; {r['clients_rss_before_kib'] / 1024:.1f} MiB before the first connection, "
+                    f"so **{grown / r['connections']:.1f} KiB per connection** over that"
+                )
+            print(line + ".")
 
 
 def catchup(rows):

@@ -28,6 +28,11 @@
 //! this process while the plain loop runs (its TLS terminator threads
 //! left out), the terminator, and tansu.
 //!
+//! `RELAY_BENCH_RELAY_LOG` is the relays' `RUST_LOG` (default
+//! `warn,wasmrelay::node=info`), e.g. `info,wasmrelay::kafka::consumer=debug`
+//! to see a lane pause its partition; each relay's log is then kept in
+//! `target/relay-bench-<passthrough|json-enrich>.log`.
+//!
 //! `RELAY_BENCH_LINK_OPTIONS="key=value,key=value"` adds librdkafka
 //! properties to every client of both runs (the plain loop's, the relay's
 //! link, the latency readers and producer), e.g. `socket.nagle.disable=true`.
@@ -185,6 +190,23 @@ fn link(broker: &Broker) -> LinkInfo {
     LinkInfo {
         bootstrap_servers: broker.kafka.bootstrap(),
         options,
+    }
+}
+
+/// The relays' `RUST_LOG`: `RELAY_BENCH_RELAY_LOG`, or quiet but for the
+/// line that says where the admin listener is. Each relay's log is printed
+/// when it is too slow, and kept in its directory while it runs.
+fn relay_log() -> String {
+    std::env::var("RELAY_BENCH_RELAY_LOG").unwrap_or_else(|_| "warn,wasmrelay::node=info".into())
+}
+
+/// With `RELAY_BENCH_RELAY_LOG` set, copies a relay's log to
+/// `target/relay-bench-<name>.log` (its own directory goes with it).
+fn keep_log(relay: &RelayProcess, name: &str) {
+    if std::env::var_os("RELAY_BENCH_RELAY_LOG").is_some() {
+        let path = support::repo_root().join(format!("target/relay-bench-{name}.log"));
+        std::fs::write(&path, relay.log()).unwrap();
+        println!("relay log ({name}): {}", path.display());
     }
 }
 
@@ -592,7 +614,6 @@ async fn run(broker: &Broker) -> Figures {
     )
     .await;
     let plain_cpu = Cpu::now(None, tansu).since(before);
-    // Quiet, but for the line that says where the admin listener is.
     // One flow, as the plain loop is one loop: an idle second flow would
     // add its consumer's group and empty fetches to the broker's work.
     let relay = RelayProcess::start(
@@ -600,7 +621,7 @@ async fn run(broker: &Broker) -> Figures {
             broker,
             &[("throughput", "relay-in", "relay-out", "passthrough")],
         ),
-        &[("RUST_LOG", "warn,wasmrelay::node=info")],
+        &[("RUST_LOG", &relay_log())],
     );
     let relay_pid = Some(relay.pid());
     let before = Cpu::now(relay_pid, tansu);
@@ -619,7 +640,7 @@ async fn run(broker: &Broker) -> Figures {
     let through_relay = started.elapsed();
     let relay_cpu = Cpu::now(relay_pid, tansu).since(before);
     let relay_threads = thread_cpu_since(thread_cpu_ms(relay.pid()), &threads_before);
-
+    keep_log(&relay, "passthrough");
     drop(relay);
 
     let latency = if skip_latency() {
@@ -627,7 +648,7 @@ async fn run(broker: &Broker) -> Figures {
     } else {
         let relay = RelayProcess::start(
             &relay_config_with(broker, &[("latency", "lat-in", "lat-out", "passthrough")]),
-            &[("RUST_LOG", "warn,wasmrelay::node=info")],
+            &[("RUST_LOG", &relay_log())],
         );
         let latencies = measure_latency(broker).await;
         drop(relay);
@@ -640,7 +661,7 @@ async fn run(broker: &Broker) -> Figures {
             broker,
             &[("enrich", "enrich-in", "enrich-out", "json-enrich")],
         ),
-        &[("RUST_LOG", "warn,wasmrelay::node=info")],
+        &[("RUST_LOG", &relay_log())],
     );
     let started = Instant::now();
     while relay.metric(r#"wasmrelay_messages_returned_total{flow="enrich"}"#)
@@ -654,6 +675,7 @@ async fn run(broker: &Broker) -> Figures {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     let through_enrich = started.elapsed();
+    keep_log(&relay, "json-enrich");
     drop(relay);
     Figures {
         plain,

@@ -12,7 +12,7 @@
 //! What a record means is the [`MessageHandler`]'s business.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -127,6 +127,13 @@ pub struct ConsumerOptions {
     pub lost_peers: Option<tokio::sync::watch::Receiver<Option<PeerLost>>>,
 }
 
+/// How long the poll thread waits for a full lane to drain before it
+/// pauses the lane's partition.
+const FULL_LANE_WAIT: Duration = Duration::from_millis(200);
+
+/// How often it looks while it waits.
+const FULL_LANE_POLL: Duration = Duration::from_millis(1);
+
 /// The default of `flows.max_in_flight`.
 pub const DEFAULT_MAX_IN_FLIGHT: usize = 64;
 
@@ -154,6 +161,9 @@ pub struct ConsumerReport {
     pub consumed: u64,
     /// Records whose work was unfinished at shutdown (consumed again after restart).
     pub abandoned_at_shutdown: usize,
+    /// Times a lane stayed full and its partition was paused (librdkafka
+    /// then drops what it had fetched of it, to fetch it again on resuming).
+    pub lane_pauses: u64,
 }
 
 /// A running consumer; stop it with the shutdown token given to
@@ -196,6 +206,8 @@ struct Shared {
     finished_tx: mpsc::UnboundedSender<(i32, i64)>,
     finished_rx: Mutex<mpsc::UnboundedReceiver<(i32, i64)>>,
     consumed: AtomicUsize,
+    /// Times a full lane's partition was paused.
+    lane_pauses: AtomicU64,
     /// Next offset to consume per partition (kept across revocations).
     positions: Mutex<HashMap<i32, i64>>,
     /// Records polled while the gate was closed, in poll order: not
@@ -303,6 +315,7 @@ impl PartitionedConsumer {
             finished_tx,
             finished_rx: Mutex::new(finished_rx),
             consumed: AtomicUsize::new(0),
+            lane_pauses: AtomicU64::new(0),
             positions: Mutex::new(HashMap::new()),
             held: Mutex::new(Vec::new()),
             rejoin,
@@ -502,22 +515,43 @@ impl Shared {
             let next = positions.entry(partition).or_insert(0);
             *next = (*next).max(record.offset + 1);
         }
+        let backlog = {
+            let Ok(mut lanes) = self.lanes.lock() else {
+                return;
+            };
+            let lane = lanes
+                .entry(partition)
+                .or_insert_with(|| self.spawn_lane(partition));
+            let size = record.size_bytes();
+            lane.backlog.add(size);
+            if lane.tx.send(record).is_err() {
+                // The worker is gone (abandoned partition); the record stays
+                // uncommitted and is consumed again.
+                lane.backlog.remove(size);
+            }
+            if lane.paused || !self.is_full(&lane.backlog) {
+                return;
+            }
+            lane.backlog.clone()
+        };
+        // A lane that is merely behind drains within moments: waiting for
+        // it keeps what librdkafka fetched ahead, where a pause would
+        // throw it away (to fetch it all again on resuming). librdkafka's
+        // own read-ahead bound holds the fetcher meanwhile.
+        let waited = Instant::now();
+        while self.is_full(&backlog) && waited.elapsed() < FULL_LANE_WAIT {
+            std::thread::sleep(FULL_LANE_POLL);
+        }
+        if !self.is_full(&backlog) {
+            return;
+        }
+        // Stuck (a key whose record does not finish, an application that
+        // does not answer): the other partitions must not wait for it.
         let Ok(mut lanes) = self.lanes.lock() else {
             return;
         };
-        let lane = lanes
-            .entry(partition)
-            .or_insert_with(|| self.spawn_lane(partition));
-        let size = record.size_bytes();
-        lane.backlog.add(size);
-        if lane.tx.send(record).is_err() {
-            // The worker is gone (abandoned partition); the record stays
-            // uncommitted and is consumed again.
-            lane.backlog.remove(size);
-        }
-        if !lane.paused
-            && (lane.backlog.records() >= self.options.max_queued_per_partition
-                || lane.backlog.bytes() >= self.options.max_queued_bytes_per_partition)
+        if let Some(lane) = lanes.get_mut(&partition)
+            && !lane.paused
             && pause(consumer, &self.topic, partition, true)
         {
             tracing::debug!(
@@ -527,8 +561,15 @@ impl Shared {
                 bytes = lane.backlog.bytes(),
                 "lane full: partition paused"
             );
+            self.lane_pauses.fetch_add(1, Ordering::Relaxed);
             lane.paused = true;
         }
+    }
+
+    /// Whether a lane's backlog is at its bound (records or bytes).
+    fn is_full(&self, backlog: &Backlog) -> bool {
+        backlog.records() >= self.options.max_queued_per_partition
+            || backlog.bytes() >= self.options.max_queued_bytes_per_partition
     }
 
     fn resume_drained_lanes(&self, consumer: &RelayBaseConsumer) {
@@ -703,6 +744,7 @@ impl Shared {
         ConsumerReport {
             consumed: self.consumed.load(Ordering::Relaxed) as u64,
             abandoned_at_shutdown: abandoned,
+            lane_pauses: self.lane_pauses.load(Ordering::Relaxed),
         }
     }
 }

@@ -365,7 +365,7 @@ impl Parts {
             if let Some(consumer) = runner.take() {
                 match tokio::time::timeout_at(deadline, consumer.stop_and_join()).await {
                     Ok(report) => {
-                        tracing::info!(flow = %runner.name, consumed = report.consumed, abandoned = report.abandoned_at_shutdown, "flow stopped")
+                        tracing::info!(flow = %runner.name, consumed = report.consumed, abandoned = report.abandoned_at_shutdown, lane_pauses = report.lane_pauses, "flow stopped")
                     }
                     Err(_) => {
                         tracing::warn!(flow = %runner.name, "the flow did not stop within the grace period")

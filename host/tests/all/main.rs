@@ -15,6 +15,7 @@ mod admin;
 mod center_etcd;
 mod gateway_protocol;
 mod kafka_broker;
+mod lane_backpressure;
 mod listener_tls;
 mod mesh;
 mod plugin_chain;

@@ -120,6 +120,20 @@ pub(crate) fn read_stamp(value: &[u8]) -> Option<(u64, u64)> {
     Some((sent, seq))
 }
 
+/// This process's resident size (`VmRSS`), KiB; 0 if it cannot be read.
+/// The idle commands report it from before their first connection, so that
+/// what the connections cost is told apart from what the process costs
+/// anyway (its runtime, its code).
+pub(crate) fn own_rss_kib() -> u64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|status| {
+            let line = status.lines().find(|l| l.starts_with("VmRSS:"))?;
+            line.split_whitespace().nth(1)?.parse().ok()
+        })
+        .unwrap_or(0)
+}
+
 /// Prints one result line.
 pub(crate) fn emit(result: serde_json::Value) {
     println!("{result}");

@@ -355,6 +355,7 @@ async fn hold(
 }
 
 pub(crate) async fn idle(args: Idle) -> Result<(), String> {
+    let rss_before_kib = crate::own_rss_kib();
     let started = Instant::now();
     let closed = Arc::new(AtomicU64::new(0));
     let server = args.server.clone();
@@ -388,6 +389,7 @@ pub(crate) async fn idle(args: Idle) -> Result<(), String> {
         "connected": connected,
         "failed": failed,
         "connect_seconds": started.elapsed().as_secs_f64(),
+        "rss_before_kib": rss_before_kib,
     }));
     if let Some(path) = &args.ready_file {
         std::fs::write(path, b"").map_err(|e| format!("writing {}: {e}", path.display()))?;

@@ -231,6 +231,7 @@ pub(crate) struct Idle {
 
 /// Opens the connections, reports, then holds them until SIGTERM or SIGINT.
 pub(crate) async fn idle(args: Idle) -> Result<(), String> {
+    let rss_before_kib = crate::own_rss_kib();
     let addresses = split(&args.connect);
     let started = Instant::now();
     let disconnects = Arc::new(AtomicU64::new(0));
@@ -277,6 +278,7 @@ pub(crate) async fn idle(args: Idle) -> Result<(), String> {
         "connected": clients.len(),
         "failed": failed,
         "connect_seconds": started.elapsed().as_secs_f64(),
+        "rss_before_kib": rss_before_kib,
     }));
     if let Some(path) = &args.ready_file {
         std::fs::write(path, b"").map_err(|e| format!("writing {}: {e}", path.display()))?;
