@@ -152,7 +152,7 @@ for count in $COUNTS; do
   after=$(settled_rss_kb "$NODE_PID")
   record "wasmrelay, 1 node" relay "$count" "$before" "$after" \
     "{$(clients_json "$id-1" "$id-2"), \"open_files\": $(ls /proc/"$NODE_PID"/fd | wc -l)}"
-  log "node RSS $before -> $after KiB; SDK client processes $client_rss KiB"
+  log "node RSS $before -> $after KiB; SDK client processes $(clients_rss "$id-1" "$id-2") KiB (before their first connection: $(clients_rss_before "$id-1" "$id-2") KiB)"
   stop_clients
   stop_node "$id"
 
