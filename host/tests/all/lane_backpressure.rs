@@ -77,6 +77,27 @@ fn link(kafka: &Tansu) -> LinkInfo {
     }
 }
 
+/// A consumer of `topic` in a group of its own, and what stops it.
+fn start(
+    kafka: &Tansu,
+    topic: &str,
+    handler: Handler,
+    options: ConsumerOptions,
+) -> (PartitionedConsumer, CancellationToken, String) {
+    let shutdown = CancellationToken::new();
+    let group = unique_group(topic);
+    let consumer = PartitionedConsumer::start(
+        &link(kafka),
+        &group,
+        topic,
+        Arc::new(handler),
+        options,
+        shutdown.clone(),
+    )
+    .unwrap();
+    (consumer, shutdown, group)
+}
+
 async fn wait_for(
     what: &str,
     finished: &Mutex<HashMap<i32, usize>>,
@@ -125,17 +146,7 @@ async fn a_lane_that_is_only_behind_is_waited_for_and_never_paused() {
         max_in_flight: 4,
         ..ConsumerOptions::default()
     };
-    let shutdown = CancellationToken::new();
-    let group = unique_group("behind");
-    let consumer = PartitionedConsumer::start(
-        &link(&kafka),
-        &group,
-        topic,
-        Arc::new(handler),
-        options,
-        shutdown.clone(),
-    )
-    .unwrap();
+    let (consumer, shutdown, group) = start(&kafka, topic, handler, options);
     wait_for("every record finished", &finished, |f| {
         f.get(&0).copied().unwrap_or(0) >= RECORDS
     })
@@ -182,17 +193,7 @@ async fn a_lane_that_stays_full_is_paused_and_the_other_partitions_go_on() {
         order: DeliveryOrder::Partition,
         ..ConsumerOptions::default()
     };
-    let shutdown = CancellationToken::new();
-    let group = unique_group("stuck");
-    let consumer = PartitionedConsumer::start(
-        &link(&kafka),
-        &group,
-        topic,
-        Arc::new(handler),
-        options,
-        shutdown.clone(),
-    )
-    .unwrap();
+    let (consumer, shutdown, group) = start(&kafka, topic, handler, options);
     wait_for("partition 0's first record started", &started, |s| {
         s.get(&0).is_some()
     })
