@@ -114,7 +114,12 @@ clients_rss() {
 clients_rss_before() {
   local total=0 name
   for name in "$@"; do
-    total=$((total + $(head -1 "$RUN_DIR/clients-$name.json" | json_field rss_before_kib)))
+    local before
+    before=$(head -1 "$RUN_DIR/clients-$name.json" \
+      | python3 -c "import json,sys; print(json.loads(sys.stdin.readline()).get('rss_before_kib', ''))")
+    [[ "$before" =~ ^[0-9]+$ ]] \
+      || die "client process $name did not report rss_before_kib: an old benchmark tool? build it again (without SKIP_BUILD=1)"
+    total=$((total + before))
   done
   echo "$total"
 }

@@ -99,14 +99,16 @@ pub struct ConsumerOptions {
     /// How long in-flight work may take to finish at shutdown.
     pub shutdown_grace: Duration,
     /// Records queued for one partition's lane (not started yet) before
-    /// the partition is paused; resumed at half. Pausing makes librdkafka
-    /// drop what it had fetched of the partition and fetch it again on
-    /// resuming, so pausing often costs the broker dearly: the bound is
-    /// high, and [`ConsumerOptions::max_queued_bytes_per_partition`] keeps
-    /// the memory in check.
+    /// the poll thread waits for it (up to `FULL_LANE_WAIT`), then pauses
+    /// the partition if it is still full; resumed at half. Pausing makes
+    /// librdkafka drop what it had fetched of the partition and fetch it
+    /// again on resuming, so pausing often costs the broker dearly: the
+    /// bound is high, a lane that is only behind is waited for rather than
+    /// paused, and [`ConsumerOptions::max_queued_bytes_per_partition`]
+    /// keeps the memory in check.
     pub max_queued_per_partition: usize,
     /// Bytes (keys, values, headers) queued for one partition's lane before
-    /// the partition is paused; resumed at half.
+    /// it is waited for, then paused (as for the records); resumed at half.
     pub max_queued_bytes_per_partition: usize,
     /// Records of one partition whose completion is still pending.
     pub max_pending_per_partition: usize,
