@@ -9,6 +9,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use futures::FutureExt;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
@@ -88,11 +89,10 @@ pub async fn accept_until<F, Fut>(
                         }
                     },
                 };
-                let serving = serve(stream, peer);
-                connections.spawn(async move {
-                    serving.await;
-                    drop(slot);
-                });
+                // `map`, not `async move { serving.await; drop(slot) }`: an
+                // async block holds the future it awaits twice (as captured
+                // and as awaited), which doubled every connection's task.
+                connections.spawn(serve(stream, peer).map(move |()| drop(slot)));
             }
             Err(error) => {
                 tracing::warn!(%error, listener = what, "accepting a connection failed");
