@@ -191,6 +191,10 @@ struct Lane {
     stop_taking: CancellationToken,
     abort: CancellationToken,
     paused: bool,
+    /// It stayed full and librdkafka refused to pause its partition (one
+    /// being revoked, say): its records are taken without waiting for it
+    /// until it drains to half, instead of each making the poll thread wait.
+    unpausable: bool,
 }
 
 struct Shared {
@@ -531,7 +535,7 @@ impl Shared {
                 // uncommitted and is consumed again.
                 lane.backlog.remove(size);
             }
-            if lane.paused || !self.is_full(&lane.backlog) {
+            if lane.paused || lane.unpausable || !self.is_full(&lane.backlog) {
                 return;
             }
             lane.backlog.clone()
@@ -552,10 +556,13 @@ impl Shared {
         let Ok(mut lanes) = self.lanes.lock() else {
             return;
         };
-        if let Some(lane) = lanes.get_mut(&partition)
-            && !lane.paused
-            && pause(consumer, &self.topic, partition, true)
-        {
+        let Some(lane) = lanes.get_mut(&partition) else {
+            return;
+        };
+        if lane.paused {
+            return;
+        }
+        if pause(consumer, &self.topic, partition, true) {
             tracing::debug!(
                 topic = %self.topic,
                 partition,
@@ -565,6 +572,13 @@ impl Shared {
             );
             self.lane_pauses.fetch_add(1, Ordering::Relaxed);
             lane.paused = true;
+        } else {
+            tracing::info!(
+                topic = %self.topic,
+                partition,
+                "lane full and its partition could not be paused: its records are taken without waiting until it drains to half"
+            );
+            lane.unpausable = true;
         }
     }
 
@@ -581,6 +595,12 @@ impl Shared {
         let low_water = self.options.max_queued_per_partition / 2;
         let low_water_bytes = self.options.max_queued_bytes_per_partition / 2;
         for (partition, lane) in lanes.iter_mut() {
+            if lane.unpausable
+                && lane.backlog.records() <= low_water
+                && lane.backlog.bytes() <= low_water_bytes
+            {
+                lane.unpausable = false;
+            }
             if lane.paused
                 && lane.backlog.records() <= low_water
                 && lane.backlog.bytes() <= low_water_bytes
@@ -616,6 +636,7 @@ impl Shared {
             stop_taking: lane.stop_taking.clone(),
             abort: lane.abort.clone(),
             paused: false,
+            unpausable: false,
         };
         self.tasks.spawn_on(lane.run(rx), &self.runtime);
         handle
