@@ -246,28 +246,25 @@ impl ClusterDelivery {
     /// One attempt: hand the message to the process's connection (or the
     /// mesh link to its node); the returned future waits for its answer.
     async fn attempt(&self, process_id: &str, delivery_id: &str, message: &v1::Message) -> Attempt {
-        // `start` checked the message fits a frame; the message is cloned
-        // for the connection or the link that takes it, not before.
-        match self.gateway.session(process_id) {
-            Some(session) => {
-                let answer = session
-                    .deliver(delivery_id.to_string(), message.clone())
-                    .await;
-                async move {
-                    match answer.await {
-                        Ok(DeliveryResult::Acked) => Ok(()),
-                        Ok(DeliveryResult::Nacked(reason)) => Err(AttemptFailure::Refused(reason)),
-                        Ok(DeliveryResult::Lost(reason)) => {
-                            Err(AttemptFailure::ConnectionEnded(reason))
-                        }
-                        Err(_) => Err(AttemptFailure::ConnectionEnded(
-                            "the session went away".to_string(),
-                        )),
+        match self
+            .gateway
+            .deliver(process_id, delivery_id.to_string(), message.clone())
+            .await
+        {
+            Ok(answer) => async move {
+                match answer.await {
+                    Ok(DeliveryResult::Acked) => Ok(()),
+                    Ok(DeliveryResult::Nacked(reason)) => Err(AttemptFailure::Refused(reason)),
+                    Ok(DeliveryResult::Lost(reason)) => {
+                        Err(AttemptFailure::ConnectionEnded(reason))
                     }
+                    Err(_) => Err(AttemptFailure::ConnectionEnded(
+                        "the session went away".to_string(),
+                    )),
                 }
-                .boxed()
             }
-            None => {
+            .boxed(),
+            Err(not_here) => {
                 let mut elsewhere = self.routes.as_ref().and_then(|r| r.lookup(process_id));
                 if elsewhere.is_none()
                     && let Some(forwarder) = &self.forwarder
@@ -311,9 +308,7 @@ impl ClusterDelivery {
                         process_id: process_id.to_string(),
                         node,
                     }),
-                    (None, _) => Err(AttemptFailure::NotConnected(DeliverError::NotHere(
-                        process_id.to_string(),
-                    ))),
+                    (None, _) => Err(AttemptFailure::NotConnected(not_here)),
                 };
                 match result {
                     Ok(answer) => answer,
