@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use futures::FutureExt;
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::Semaphore;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
@@ -89,10 +89,7 @@ pub async fn accept_until<F, Fut>(
                         }
                     },
                 };
-                // `map`, not `async move { serving.await; drop(slot) }`: an
-                // async block holds the future it awaits twice (as captured
-                // and as awaited), which doubled every connection's task.
-                connections.spawn(serve(stream, peer).map(move |()| drop(slot)));
+                connections.spawn(holding_slot(serve(stream, peer), slot));
             }
             Err(error) => {
                 tracing::warn!(%error, listener = what, "accepting a connection failed");
@@ -103,6 +100,20 @@ pub async fn accept_until<F, Fut>(
     drop(listener);
     connections.close();
     connections.wait().await;
+}
+
+/// `serving`, which gives `slot` back when it ends. A `map`, not
+/// `async move { serving.await; drop(slot) }`: an async block holds the
+/// future it awaits twice (as captured and as awaited), which doubled every
+/// connection's task.
+fn holding_slot<Fut>(
+    serving: Fut,
+    slot: Option<OwnedSemaphorePermit>,
+) -> impl Future<Output = ()> + Send + 'static
+where
+    Fut: Future<Output = ()> + Send + 'static,
+{
+    serving.map(move |()| drop(slot))
 }
 
 /// An accepted or dialed connection: plain TCP, or TCP under TLS. The
@@ -219,5 +230,28 @@ pub async fn accept_tls(
         Err(_) => Err(format!("no TLS handshake within {timeout:?}")),
         Ok(Err(error)) => Err(format!("TLS handshake failed: {error}")),
         Ok(Ok(stream)) => Ok(Stream::Tls(Box::new(stream.into()))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A connection's task is its serving future and the slot, not the
+    /// serving future twice (what an `async move` block around it made).
+    #[test]
+    fn a_connection_s_task_holds_its_future_once() {
+        let serving = async {
+            let buffer = [0u8; 1024];
+            std::future::ready(()).await;
+            std::hint::black_box(buffer);
+        };
+        let alone = size_of_val(&serving);
+        let task = holding_slot(serving, None);
+        assert!(
+            size_of_val(&task) < alone + 64,
+            "a {alone}-byte future became a {}-byte task",
+            size_of_val(&task)
+        );
     }
 }
