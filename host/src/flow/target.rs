@@ -20,7 +20,9 @@ use crate::kafka::{InputRecord, OutputRecord};
 /// [`Delivery::Answered`]; one whose outcome arrives later (a business
 /// process acknowledging over TCP) hands the message over in order and
 /// returns [`Delivery::Pending`], which the flow awaits off the ordered
-/// path before the input counts as finished.
+/// path before the input counts as finished. Such a target retries off the
+/// ordered path too, so it must keep the flow's order through its retries
+/// itself (the cluster's does with `cluster::delivery_lines`).
 pub trait DeliveryTarget: Send + Sync + std::fmt::Debug {
     /// Delivers `call`, which the service-call chain made from `input`.
     /// Retries are the target's business; `abort` (shutdown, revoked

@@ -13,7 +13,10 @@
 //! The order is over the ordered part of the handling (plugin chains,
 //! delivery with its retries, dead-lettering decisions, enqueueing the
 //! outputs); waiting for produce acknowledgements (the [`Completion`])
-//! overlaps with anything. Offsets finish out of order and are committed
+//! overlaps with anything. A delivery whose answer comes later (to a
+//! cluster's business process) is handed over in the ordered part and
+//! keeps the order through its retries itself (see
+//! `flow::DeliveryTarget`). Offsets finish out of order and are committed
 //! only up to the highest contiguous finished one
 //! ([`super::offsets::PartitionOffsets`]), so a crash re-delivers every
 //! record that was not finished, in order per key.

@@ -190,6 +190,7 @@ fn target(
                         initial_backoff: flow.retry.initial_backoff,
                         max_backoff: flow.retry.max_backoff,
                         retried: metrics.flow(&flow.name).retried,
+                        order: flow.ordering,
                     },
                 ),
             )))

@@ -1325,6 +1325,7 @@ fn delivery_policy() -> wasmrelay::cluster::DeliveryPolicy {
         initial_backoff: Duration::from_millis(50),
         max_backoff: Duration::from_millis(200),
         retried: Default::default(),
+        order: wasmrelay::kafka::DeliveryOrder::Key,
     }
 }
 
@@ -1470,4 +1471,60 @@ async fn a_delivery_with_no_route_reaches_its_process_through_a_lookup_on_the_fi
     );
     assert!(retried.get() > 0);
     assert!(a.mesh.stats().lookups_not_found() > 0);
+}
+
+#[tokio::test]
+async fn retries_after_a_lost_connection_come_in_order_before_the_next_messages() {
+    use wasmrelay::cluster::ClusterDelivery;
+    use wasmrelay::flow::DeliveryEnd;
+    let a = start("a", SECRET).await;
+    let delivery = ClusterDelivery::new(a.gateway.clone(), None, None, delivery_policy());
+    let abort = CancellationToken::new();
+    let mut process = register(&a, "p").await;
+    // Three messages reach the process, which drops its connection before
+    // acking any: each is lost, and retried after a jittered pause.
+    let mut ends = Vec::new();
+    for offset in 0..3 {
+        let end = delivery
+            .start(
+                "p".to_string(),
+                &input(offset),
+                output(&offset.to_string()),
+                abort.clone(),
+            )
+            .await;
+        ends.push(tokio::spawn(end));
+        assert_eq!(
+            next_delivery(&mut process).await.message.unwrap().value,
+            offset.to_string()
+        );
+    }
+    drop(process);
+    wait_until("p left", || a.gateway.session("p").is_none()).await;
+    let mut process = register(&a, "p").await;
+    // The next message starts at once: it must not overtake the retries.
+    let next_message = {
+        let delivery = delivery.clone();
+        let abort = abort.clone();
+        tokio::spawn(async move {
+            delivery
+                .start("p".to_string(), &input(3), output("3"), abort)
+                .await
+                .await
+        })
+    };
+    let mut received = Vec::new();
+    while received.len() < 4 {
+        let deliver = next_delivery(&mut process).await;
+        received.push(String::from_utf8(deliver.message.unwrap().value.to_vec()).unwrap());
+        process
+            .send(Frame::of(Kind::Ack(v1::Ack { seq: deliver.seq })))
+            .await
+            .unwrap();
+    }
+    assert_eq!(received, ["0", "1", "2", "3"], "the line's order broke");
+    for end in ends {
+        assert_eq!(end.await.unwrap(), DeliveryEnd::Delivered);
+    }
+    assert_eq!(next_message.await.unwrap(), DeliveryEnd::Delivered);
 }
