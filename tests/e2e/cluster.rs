@@ -314,12 +314,9 @@ impl Cluster {
                 for (_, _, node) in &self.nodes {
                     let Some(node) = node else { continue };
                     let log = node.log();
-                    let last = log
-                        .lines()
-                        .filter(|l| {
-                            l.contains("partitions assigned") || l.contains("partitions revoked")
-                        })
-                        .next_back();
+                    let last = log.lines().rfind(|l| {
+                        l.contains("partitions assigned") || l.contains("partitions revoked")
+                    });
                     let Some(assigned) = last.and_then(|l| l.split_once("partitions assigned"))
                     else {
                         return false;
