@@ -189,10 +189,11 @@ impl ClusterDelivery {
         })
     }
 
-    /// Makes the first attempt (waiting for its turn in its line while the
-    /// line recovers from a failure, and for the process's capacity) and
-    /// returns the future of the final outcome. The time to live counts
-    /// from here.
+    /// Takes the delivery's place in its line and, when the line is healthy,
+    /// makes the first attempt (waiting for the process's capacity); returns
+    /// the future of the final outcome, which makes the first attempt at
+    /// its turn when the line recovers from a failure. The time to live
+    /// counts from here.
     pub async fn start(
         self: &Arc<Self>,
         process_id: String,
@@ -208,13 +209,46 @@ impl ClusterDelivery {
             return futures::future::ready(DeliveryEnd::GaveUp(unfit.to_string())).boxed();
         }
         let deadline = Instant::now() + self.policy.ttl;
-        let place = tokio::select! {
-            _ = abort.cancelled() => return futures::future::ready(DeliveryEnd::Aborted).boxed(),
-            place = self.lines.join(&process_id, input) => place,
+        let place = self.lines.take(&process_id, input);
+        // Handed over here, in the partition's order, when the line is
+        // healthy; while it recovers, the delivery waits for its turn in
+        // the returned future, so the partition's next records (of this
+        // key too) take their places meanwhile.
+        let first = if place.may_go_now() {
+            let mut first = self.attempt(&process_id, &delivery_id, &message).await;
+            place.handed_over();
+            // An attempt that failed at once (the process connected
+            // nowhere) holds the line before the next record starts.
+            if let Some(result) = (&mut first).now_or_never() {
+                if result.is_err() {
+                    place.failed();
+                }
+                first = futures::future::ready(result).boxed();
+            }
+            Some(first)
+        } else {
+            None
         };
-        let first = self.attempt(&process_id, &delivery_id, &message).await;
         let this = self.clone();
         async move {
+            let first = match first {
+                Some(first) => first,
+                None => {
+                    tokio::select! {
+                        _ = abort.cancelled() => return DeliveryEnd::Aborted,
+                        _ = place.first_turn() => {}
+                    }
+                    if Instant::now() >= deadline {
+                        return DeliveryEnd::GaveUp(this.expired_waiting(&process_id));
+                    }
+                    let first = tokio::select! {
+                        _ = abort.cancelled() => return DeliveryEnd::Aborted,
+                        first = this.attempt(&process_id, &delivery_id, &message) => first,
+                    };
+                    place.handed_over();
+                    first
+                }
+            };
             let mut backoff = Backoff::new(this.policy.initial_backoff, this.policy.max_backoff);
             let mut attempt = first;
             let mut attempts = 1u32;
@@ -243,13 +277,22 @@ impl ClusterDelivery {
                     ));
                 }
                 tracing::debug!(process = %process_id, %delivery_id, %reason, retry_in = ?pause, "delivery failed; retrying");
-                tokio::select! {
+                let waited = tokio::select! {
                     _ = abort.cancelled() => return DeliveryEnd::Aborted,
-                    _ = async {
+                    waited = async {
                         tokio::time::sleep(pause).await;
                         // Earlier deliveries of the line go first.
-                        place.turn().await;
-                    } => {}
+                        place.turn().await
+                    } => waited,
+                };
+                if waited && Instant::now() >= deadline {
+                    // It waited for its turn past the time to live: the
+                    // messages behind it are not held up by one more try.
+                    return DeliveryEnd::GaveUp(format!(
+                        "{reason} (time to live {:?} spent after {attempts} attempts, the last \
+                         while earlier messages of its line were retried)",
+                        this.policy.ttl
+                    ));
                 }
                 attempts += 1;
                 this.policy.retried.inc();
@@ -260,6 +303,21 @@ impl ClusterDelivery {
             }
         }
         .boxed()
+    }
+
+    /// The lines that keep its deliveries in order.
+    pub fn lines(&self) -> &DeliveryLines {
+        &self.lines
+    }
+
+    /// Why a message whose time to live ran out while it waited for its
+    /// first turn is given up untried.
+    fn expired_waiting(&self, process_id: &str) -> String {
+        format!(
+            "time to live {:?} spent waiting for earlier messages to process `{process_id}` \
+             (same partition and key) that failed and were retried; not tried",
+            self.policy.ttl
+        )
     }
 
     /// One attempt: hand the message to the process's connection (or the

@@ -9,17 +9,19 @@
 //! The deliveries that must keep their order form a *line*: those to one
 //! process from one topic partition, and with `key` ordering (the default)
 //! of one key; with `none` ordering there are no lines. Each delivery takes
-//! a [`Place`] in its line before its first attempt. While nothing in a
-//! line has failed, a place never waits. Once an attempt fails, the line
+//! a [`Place`] in its line, in the partition's order, before its first
+//! attempt. While nothing in a line has failed, a place goes at once (the
+//! ones before it are handed over already). Once an attempt fails, the line
 //! *recovers*: until every place taken before the failure is settled
 //! (delivered, given up or aborted), a place attempts (a retry, or a new
 //! delivery's first attempt) only when every earlier place is settled: one
-//! at a time, in order. So a process receives a line's messages in order,
-//! retries included, except that a message it had received before its
-//! connection was lost may come again (with the same delivery id) before
-//! the ones after it. What this cannot mend: a process that refuses (nacks)
-//! a message while it already holds the next ones of the line gets the
-//! refused one again after them.
+//! at a time, in order. Afterwards, places that waited go in their order,
+//! each once the one before it is handed over. So a process receives a
+//! line's messages in order, retries included, except that a message it had
+//! received before its connection was lost may come again (with the same
+//! delivery id) before the ones after it. What this cannot mend: a process
+//! that refuses (nacks) a message while it already holds the next ones of
+//! the line gets the refused one again after them.
 //!
 //! Lines are found by a hash of what names them; two lines whose hashes
 //! collide are one line, which only orders more. A line exists while it
@@ -39,8 +41,16 @@ pub struct DeliveryLines {
     order: DeliveryOrder,
     hasher: RandomState,
     lines: Mutex<HashMap<u64, Line>>,
-    /// Woken when a recovering line settles a place.
+    /// Woken when a line with waiting places settles or hands over one.
     turns: Notify,
+}
+
+/// An unsettled place: its number, and whether its first attempt has
+/// handed the message over.
+#[derive(Debug)]
+struct Unsettled {
+    number: u64,
+    handed_over: bool,
 }
 
 /// One line: its places not settled yet, in the order taken.
@@ -48,17 +58,39 @@ pub struct DeliveryLines {
 struct Line {
     /// The number the next place gets.
     next: u64,
-    /// The places not settled, ascending.
-    unsettled: VecDeque<u64>,
+    /// The places not settled, by ascending number.
+    unsettled: VecDeque<Unsettled>,
     /// Recovering until every place up to this one is settled.
     recovering_until: Option<u64>,
 }
 
 impl Line {
     /// Whether place `number` may attempt now: it is the oldest unsettled
-    /// place, or it is a first attempt and the line is healthy.
+    /// place; or, for a first attempt, the line is healthy and every
+    /// earlier place has handed its message over.
     fn may_go(&self, number: u64, first: bool) -> bool {
-        self.unsettled.front() == Some(&number) || (first && self.recovering_until.is_none())
+        if self.unsettled.front().map(|u| u.number) == Some(number) {
+            return true;
+        }
+        first
+            && self.recovering_until.is_none()
+            && self
+                .unsettled
+                .iter()
+                .take_while(|u| u.number < number)
+                .all(|u| u.handed_over)
+    }
+
+    /// Whether a place waits for its first attempt (so a change may let it
+    /// go).
+    fn has_waiting(&self) -> bool {
+        self.unsettled.iter().any(|u| !u.handed_over)
+    }
+
+    fn find(&mut self, number: u64) -> Option<usize> {
+        self.unsettled
+            .binary_search_by_key(&number, |u| u.number)
+            .ok()
     }
 }
 
@@ -95,48 +127,46 @@ impl DeliveryLines {
         }
     }
 
-    /// Takes a place for a delivery of `input` to `process_id` now; the
-    /// future resolves when its first attempt may go (at once unless the
-    /// line recovers). Dropping the future gives the place up.
-    pub fn join(
-        self: &Arc<Self>,
-        process_id: &str,
-        input: &InputRecord,
-    ) -> impl Future<Output = Place> + Send + 'static + use<> {
+    /// Takes the next place in the line of a delivery of `input` to
+    /// `process_id` (call in the partition's order).
+    pub fn take(self: &Arc<Self>, process_id: &str, input: &InputRecord) -> Place {
         let at = self.line_of(process_id, input).map(|line| {
             let mut lines = self.lock();
             let entry = lines.entry(line).or_default();
             let number = entry.next;
             entry.next += 1;
-            entry.unsettled.push_back(number);
+            entry.unsettled.push_back(Unsettled {
+                number,
+                handed_over: false,
+            });
             (line, number)
         });
-        let place = Place {
+        Place {
             lines: self.clone(),
             at,
-        };
-        async move {
-            if let Some((line, number)) = place.at {
-                place.lines.wait_turn(line, number, true).await;
-            }
-            place
         }
     }
 
-    async fn wait_turn(&self, line: u64, number: u64, first: bool) {
+    /// Whether place `number` of `line` may go now.
+    fn may_go(&self, line: u64, number: u64, first: bool) -> bool {
+        self.lock()
+            .get(&line)
+            .is_none_or(|l| l.may_go(number, first))
+    }
+
+    /// Waits until place `number` of `line` may go; true when it had to.
+    async fn wait_turn(&self, line: u64, number: u64, first: bool) -> bool {
+        let mut waited = false;
         loop {
             let notified = self.turns.notified();
             let mut notified = std::pin::pin!(notified);
-            // Registered before the check, so a settle in between wakes it.
+            // Registered before the check, so a change in between wakes it.
             notified.as_mut().enable();
-            if self
-                .lock()
-                .get(&line)
-                .is_none_or(|l| l.may_go(number, first))
-            {
-                return;
+            if self.may_go(line, number, first) {
+                return waited;
             }
             notified.await;
+            waited = true;
         }
     }
 
@@ -144,9 +174,50 @@ impl DeliveryLines {
     pub fn lines(&self) -> usize {
         self.lock().len()
     }
+
+    /// How many lines recover from a failure (their deliveries go one at a
+    /// time).
+    pub fn recovering(&self) -> usize {
+        self.lock()
+            .values()
+            .filter(|line| line.recovering_until.is_some())
+            .count()
+    }
 }
 
 impl Place {
+    /// Whether its first attempt may go now, without waiting.
+    pub fn may_go_now(&self) -> bool {
+        self.at
+            .is_none_or(|(line, number)| self.lines.may_go(line, number, true))
+    }
+
+    /// Waits until its first attempt may go; true when it had to wait.
+    pub async fn first_turn(&self) -> bool {
+        match self.at {
+            Some((line, number)) => self.lines.wait_turn(line, number, true).await,
+            None => false,
+        }
+    }
+
+    /// Its first attempt handed the message over: the next place may go.
+    pub fn handed_over(&self) {
+        let Some((key, number)) = self.at else { return };
+        let wake = {
+            let mut lines = self.lines.lock();
+            let Some(line) = lines.get_mut(&key) else {
+                return;
+            };
+            if let Some(i) = line.find(number) {
+                line.unsettled[i].handed_over = true;
+            }
+            line.has_waiting()
+        };
+        if wake {
+            self.lines.turns.notify_waiters();
+        }
+    }
+
     /// An attempt failed: the line recovers until every place taken so far
     /// is settled.
     pub fn failed(&self) {
@@ -159,10 +230,11 @@ impl Place {
     }
 
     /// Waits until this place may attempt again: every earlier place of its
-    /// line is settled.
-    pub async fn turn(&self) {
-        if let Some((line, number)) = self.at {
-            self.lines.wait_turn(line, number, false).await;
+    /// line is settled. True when it had to wait.
+    pub async fn turn(&self) -> bool {
+        match self.at {
+            Some((line, number)) => self.lines.wait_turn(line, number, false).await,
+            None => false,
         }
     }
 }
@@ -170,26 +242,30 @@ impl Place {
 impl Drop for Place {
     fn drop(&mut self) {
         let Some((key, number)) = self.at else { return };
-        let woke = {
+        let wake = {
             let mut lines = self.lines.lock();
             let Some(line) = lines.get_mut(&key) else {
                 return;
             };
-            if let Ok(i) = line.unsettled.binary_search(&number) {
+            if let Some(i) = line.find(number) {
                 line.unsettled.remove(i);
             }
             let recovering = line.recovering_until.is_some();
             if let Some(until) = line.recovering_until
-                && line.unsettled.front().is_none_or(|&oldest| oldest > until)
+                && line
+                    .unsettled
+                    .front()
+                    .is_none_or(|oldest| oldest.number > until)
             {
                 line.recovering_until = None;
             }
+            let wake = recovering || line.has_waiting();
             if line.unsettled.is_empty() {
                 lines.remove(&key);
             }
-            recovering
+            wake
         };
-        if woke {
+        if wake {
             self.lines.turns.notify_waiters();
         }
     }
@@ -215,6 +291,21 @@ mod tests {
         }
     }
 
+    /// Takes a place now; the future resolves once its first attempt may go,
+    /// and hands over at once.
+    fn join(
+        lines: &Arc<DeliveryLines>,
+        process_id: &str,
+        input: &InputRecord,
+    ) -> impl Future<Output = Place> + 'static + use<> {
+        let place = lines.take(process_id, input);
+        async move {
+            place.first_turn().await;
+            place.handed_over();
+            place
+        }
+    }
+
     /// Whether `future` is still waiting after the runtime had a moment.
     async fn waits<F: Future>(future: &mut std::pin::Pin<Box<F>>) -> bool {
         tokio::time::timeout(Duration::from_millis(20), future.as_mut())
@@ -226,7 +317,7 @@ mod tests {
     async fn a_healthy_line_never_waits_and_is_gone_once_settled() {
         let lines = DeliveryLines::new(DeliveryOrder::Key);
         let places: Vec<Place> =
-            futures::future::join_all((0..5).map(|_| lines.join("p", &input(0, "k")))).await;
+            futures::future::join_all((0..5).map(|_| join(&lines, "p", &input(0, "k")))).await;
         assert_eq!(lines.lines(), 1);
         drop(places);
         assert_eq!(lines.lines(), 0, "no line is kept once its places settle");
@@ -235,15 +326,15 @@ mod tests {
     #[tokio::test]
     async fn after_a_failure_places_go_one_at_a_time_in_order() {
         let lines = DeliveryLines::new(DeliveryOrder::Key);
-        let first = lines.join("p", &input(0, "k")).await;
-        let second = lines.join("p", &input(0, "k")).await;
+        let first = join(&lines, "p", &input(0, "k")).await;
+        let second = join(&lines, "p", &input(0, "k")).await;
         // The second's attempt fails while the first is still in flight:
         // its retry waits for the first to settle.
         second.failed();
         let mut retry = Box::pin(second.turn());
         assert!(waits(&mut retry).await, "a retry overtook an earlier place");
         // A new delivery waits for both (the line recovers).
-        let mut third = Box::pin(lines.join("p", &input(0, "k")));
+        let mut third = Box::pin(join(&lines, "p", &input(0, "k")));
         assert!(waits(&mut third).await, "a new delivery overtook a retry");
         drop(first);
         assert!(!waits(&mut retry).await, "the oldest unsettled place goes");
@@ -252,7 +343,7 @@ mod tests {
         drop(second);
         let third = third.now_or_never().expect("goes once the line is settled");
         // Recovered: the line pipelines again.
-        let fourth = lines.join("p", &input(0, "k")).now_or_never();
+        let fourth = join(&lines, "p", &input(0, "k")).now_or_never();
         assert!(fourth.is_some());
         drop((third, fourth));
         assert_eq!(lines.lines(), 0);
@@ -261,8 +352,8 @@ mod tests {
     #[tokio::test]
     async fn a_place_taken_before_the_failure_keeps_the_line_recovering() {
         let lines = DeliveryLines::new(DeliveryOrder::Key);
-        let first = lines.join("p", &input(0, "k")).await;
-        let second = lines.join("p", &input(0, "k")).await;
+        let first = join(&lines, "p", &input(0, "k")).await;
+        let second = join(&lines, "p", &input(0, "k")).await;
         // The first fails and is then delivered by its retry; the second,
         // handed over before the failure, is still out: a new delivery
         // waits for it (it may fail too, and must not be overtaken).
@@ -272,7 +363,7 @@ mod tests {
             .now_or_never()
             .expect("the oldest goes at once");
         drop(first);
-        let mut third = Box::pin(lines.join("p", &input(0, "k")));
+        let mut third = Box::pin(join(&lines, "p", &input(0, "k")));
         assert!(waits(&mut third).await);
         drop(second);
         assert!(third.now_or_never().is_some());
@@ -281,13 +372,12 @@ mod tests {
     #[tokio::test]
     async fn other_keys_partitions_and_processes_are_other_lines() {
         let lines = DeliveryLines::new(DeliveryOrder::Key);
-        let stuck = lines.join("p", &input(0, "k")).await;
-        let _later = lines.join("p", &input(0, "k")).await;
+        let stuck = join(&lines, "p", &input(0, "k")).await;
+        let _later = join(&lines, "p", &input(0, "k")).await;
         stuck.failed();
         for (process, partition, key) in [("p", 0, "other"), ("p", 1, "k"), ("q", 0, "k")] {
             assert!(
-                lines
-                    .join(process, &input(partition, key))
+                join(&lines, process, &input(partition, key))
                     .now_or_never()
                     .is_some(),
                 "{process}/{partition}/{key} waited for another line"
@@ -295,29 +385,58 @@ mod tests {
         }
         // With partition ordering, every key of the partition is one line.
         let lines = DeliveryLines::new(DeliveryOrder::Partition);
-        let stuck = lines.join("p", &input(0, "k")).await;
+        let stuck = join(&lines, "p", &input(0, "k")).await;
         stuck.failed();
-        let mut other_key = Box::pin(lines.join("p", &input(0, "other")));
+        let mut other_key = Box::pin(join(&lines, "p", &input(0, "other")));
         assert!(waits(&mut other_key).await);
         drop(stuck);
         assert!(other_key.now_or_never().is_some());
         // With no ordering there are no lines.
         let lines = DeliveryLines::new(DeliveryOrder::None);
-        let stuck = lines.join("p", &input(0, "k")).await;
+        let stuck = join(&lines, "p", &input(0, "k")).await;
         stuck.failed();
-        assert!(lines.join("p", &input(0, "k")).now_or_never().is_some());
+        assert!(join(&lines, "p", &input(0, "k")).now_or_never().is_some());
         assert_eq!(lines.lines(), 0);
+    }
+
+    #[tokio::test]
+    async fn after_recovery_waiting_places_go_in_order_each_once_the_one_before_is_handed_over() {
+        let lines = DeliveryLines::new(DeliveryOrder::Key);
+        let failed = join(&lines, "p", &input(0, "k")).await;
+        failed.failed();
+        let first = lines.take("p", &input(0, "k"));
+        let second = lines.take("p", &input(0, "k"));
+        assert!(!first.may_go_now() && !second.may_go_now());
+        drop(failed);
+        // Recovered; the first goes, the second only once the first has
+        // handed its message over.
+        assert!(first.may_go_now());
+        let mut second_turn = Box::pin(second.first_turn());
+        assert!(
+            waits(&mut second_turn).await,
+            "the second overtook the first"
+        );
+        first.handed_over();
+        assert!(!waits(&mut second_turn).await);
+        drop(second_turn);
+        let third = lines.take("p", &input(0, "k"));
+        assert!(!third.may_go_now(), "the third overtook the second");
+        second.handed_over();
+        // Healthy again: new places go at once.
+        assert!(third.may_go_now());
+        third.handed_over();
+        assert!(lines.take("p", &input(0, "k")).may_go_now());
     }
 
     #[tokio::test]
     async fn giving_up_a_waiting_place_lets_the_next_go() {
         let lines = DeliveryLines::new(DeliveryOrder::Key);
-        let first = lines.join("p", &input(0, "k")).await;
+        let first = join(&lines, "p", &input(0, "k")).await;
         first.failed();
-        let mut second = Box::pin(lines.join("p", &input(0, "k")));
+        let mut second = Box::pin(join(&lines, "p", &input(0, "k")));
         assert!(waits(&mut second).await);
         // A third waits too; the second is aborted while it waits.
-        let mut third = Box::pin(lines.join("p", &input(0, "k")));
+        let mut third = Box::pin(join(&lines, "p", &input(0, "k")));
         assert!(waits(&mut third).await);
         drop(second);
         drop(first);

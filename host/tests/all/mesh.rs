@@ -1528,3 +1528,79 @@ async fn retries_after_a_lost_connection_come_in_order_before_the_next_messages(
     }
     assert_eq!(next_message.await.unwrap(), DeliveryEnd::Delivered);
 }
+
+#[tokio::test]
+async fn messages_whose_ttl_runs_out_behind_a_stuck_one_are_dead_lettered_without_another_try() {
+    use wasmrelay::cluster::ClusterDelivery;
+    use wasmrelay::flow::DeliveryEnd;
+    let a = start("a", SECRET).await;
+    let delivery = ClusterDelivery::new(a.gateway.clone(), None, None, delivery_policy());
+    let abort = CancellationToken::new();
+    let mut process = register(&a, "p").await;
+    // The process holds 0 unanswered and refuses 1: the line recovers, 1's
+    // retry and the new message 2 wait behind 0.
+    let mut ends = Vec::new();
+    let mut seqs = Vec::new();
+    for offset in 0..2 {
+        let end = delivery
+            .start(
+                "p".to_string(),
+                &input(offset),
+                output(&offset.to_string()),
+                abort.clone(),
+            )
+            .await;
+        ends.push(tokio::spawn(end));
+        seqs.push(next_delivery(&mut process).await.seq);
+    }
+    process
+        .send(Frame::of(Kind::Nack(v1::Nack {
+            seq: seqs[1],
+            reason: "not now".to_string(),
+        })))
+        .await
+        .unwrap();
+    wait_until("the line recovers", || delivery.lines().recovering() == 1).await;
+    let third = {
+        let delivery = delivery.clone();
+        let abort = abort.clone();
+        tokio::spawn(async move {
+            delivery
+                .start("p".to_string(), &input(2), output("2"), abort)
+                .await
+                .await
+        })
+    };
+    // Past every time to live (2 s), 0 is answered.
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    process
+        .send(Frame::of(Kind::Ack(v1::Ack { seq: seqs[0] })))
+        .await
+        .unwrap();
+    let mut ends = ends.into_iter();
+    assert_eq!(ends.next().unwrap().await.unwrap(), DeliveryEnd::Delivered);
+    let end = ends.next().unwrap().await.unwrap();
+    let DeliveryEnd::GaveUp(reason) = end else {
+        panic!("expected 1 given up, got {end:?}");
+    };
+    assert!(
+        reason.contains("refused it: not now")
+            && reason.contains("while earlier messages of its line were retried"),
+        "{reason}"
+    );
+    let end = tokio::time::timeout(STEP, third).await.unwrap().unwrap();
+    let DeliveryEnd::GaveUp(reason) = end else {
+        panic!("expected 2 given up, got {end:?}");
+    };
+    assert!(
+        reason.contains("spent waiting for earlier messages") && reason.contains("not tried"),
+        "{reason}"
+    );
+    // Neither was tried again: nothing more reached the process.
+    assert!(
+        tokio::time::timeout(Duration::from_millis(300), next(&mut process))
+            .await
+            .is_err(),
+        "a message past its time to live was tried again"
+    );
+}
