@@ -41,16 +41,16 @@ pub struct DeliveryLines {
     order: DeliveryOrder,
     hasher: RandomState,
     lines: Mutex<HashMap<u64, Line>>,
-    /// Woken when a line with waiting places settles or hands over one.
-    turns: Notify,
 }
 
-/// An unsettled place: its number, and whether its first attempt has
-/// handed the message over.
+/// An unsettled place: its number, whether its first attempt has handed
+/// the message over, and how to wake it while it waits for its turn.
 #[derive(Debug)]
 struct Unsettled {
     number: u64,
     handed_over: bool,
+    /// Set while the place waits (waiting is the exception).
+    wake: Option<Arc<Notify>>,
 }
 
 /// One line: its places not settled yet, in the order taken.
@@ -81,10 +81,19 @@ impl Line {
                 .all(|u| u.handed_over)
     }
 
-    /// Whether a place waits for its first attempt (so a change may let it
-    /// go).
-    fn has_waiting(&self) -> bool {
-        self.unsettled.iter().any(|u| !u.handed_over)
+    /// Wakes the one place that may go after a change, if it waits: the
+    /// oldest while the line recovers, else the first that has not handed
+    /// its message over. (Only one place can be let go by a change, so
+    /// waking the others would only make them look again.)
+    fn wake_next(&self) {
+        let next = if self.recovering_until.is_some() {
+            self.unsettled.front()
+        } else {
+            self.unsettled.iter().find(|u| !u.handed_over)
+        };
+        if let Some(wake) = next.and_then(|u| u.wake.as_ref()) {
+            wake.notify_one();
+        }
     }
 
     fn find(&mut self, number: u64) -> Option<usize> {
@@ -109,7 +118,6 @@ impl DeliveryLines {
             order,
             hasher: RandomState::new(),
             lines: Mutex::new(HashMap::new()),
-            turns: Notify::new(),
         })
     }
 
@@ -138,6 +146,7 @@ impl DeliveryLines {
             entry.unsettled.push_back(Unsettled {
                 number,
                 handed_over: false,
+                wake: None,
             });
             (line, number)
         });
@@ -158,14 +167,25 @@ impl DeliveryLines {
     async fn wait_turn(&self, line: u64, number: u64, first: bool) -> bool {
         let mut waited = false;
         loop {
-            let notified = self.turns.notified();
-            let mut notified = std::pin::pin!(notified);
-            // Registered before the check, so a change in between wakes it.
-            notified.as_mut().enable();
-            if self.may_go(line, number, first) {
-                return waited;
-            }
-            notified.await;
+            let wake = {
+                let mut lines = self.lock();
+                let Some(l) = lines.get_mut(&line) else {
+                    return waited;
+                };
+                if l.may_go(number, first) {
+                    return waited;
+                }
+                let Some(i) = l.find(number) else {
+                    return waited;
+                };
+                // `notify_one` keeps a permit for a waiter not yet waiting,
+                // so a change after the lock is released still wakes it.
+                l.unsettled[i]
+                    .wake
+                    .get_or_insert_with(|| Arc::new(Notify::new()))
+                    .clone()
+            };
+            wake.notified().await;
             waited = true;
         }
     }
@@ -203,19 +223,14 @@ impl Place {
     /// Its first attempt handed the message over: the next place may go.
     pub fn handed_over(&self) {
         let Some((key, number)) = self.at else { return };
-        let wake = {
-            let mut lines = self.lines.lock();
-            let Some(line) = lines.get_mut(&key) else {
-                return;
-            };
-            if let Some(i) = line.find(number) {
-                line.unsettled[i].handed_over = true;
-            }
-            line.has_waiting()
+        let mut lines = self.lines.lock();
+        let Some(line) = lines.get_mut(&key) else {
+            return;
         };
-        if wake {
-            self.lines.turns.notify_waiters();
+        if let Some(i) = line.find(number) {
+            line.unsettled[i].handed_over = true;
         }
+        line.wake_next();
     }
 
     /// An attempt failed: the line recovers until every place taken so far
@@ -242,31 +257,25 @@ impl Place {
 impl Drop for Place {
     fn drop(&mut self) {
         let Some((key, number)) = self.at else { return };
-        let wake = {
-            let mut lines = self.lines.lock();
-            let Some(line) = lines.get_mut(&key) else {
-                return;
-            };
-            if let Some(i) = line.find(number) {
-                line.unsettled.remove(i);
-            }
-            let recovering = line.recovering_until.is_some();
-            if let Some(until) = line.recovering_until
-                && line
-                    .unsettled
-                    .front()
-                    .is_none_or(|oldest| oldest.number > until)
-            {
-                line.recovering_until = None;
-            }
-            let wake = recovering || line.has_waiting();
-            if line.unsettled.is_empty() {
-                lines.remove(&key);
-            }
-            wake
+        let mut lines = self.lines.lock();
+        let Some(line) = lines.get_mut(&key) else {
+            return;
         };
-        if wake {
-            self.lines.turns.notify_waiters();
+        if let Some(i) = line.find(number) {
+            line.unsettled.remove(i);
+        }
+        if let Some(until) = line.recovering_until
+            && line
+                .unsettled
+                .front()
+                .is_none_or(|oldest| oldest.number > until)
+        {
+            line.recovering_until = None;
+        }
+        if line.unsettled.is_empty() {
+            lines.remove(&key);
+        } else {
+            line.wake_next();
         }
     }
 }
