@@ -232,7 +232,8 @@ retry = { initial_backoff = "20ms", max_backoff = "200ms", budget = "60s" }
 [flows.deliver.cluster]
 ttl = "60s"
 EOF
-  RUST_LOG="${NODE_LOG:-info}" "$WASMRELAY" run --config "$dir/node.toml" >"$dir/node.log" 2>&1 &
+  # Appended: a node started again for the next run keeps the last run's log.
+  RUST_LOG="${NODE_LOG:-info}" "$WASMRELAY" run --config "$dir/node.toml" >>"$dir/node.log" 2>&1 &
   NODE_PID=$!
   STARTED_PIDS+=("$NODE_PID")
   NODE_CLIENT="127.0.0.1:$client"
