@@ -1473,6 +1473,24 @@ async fn a_delivery_with_no_route_reaches_its_process_through_a_lookup_on_the_fi
     assert!(a.mesh.stats().lookups_not_found() > 0);
 }
 
+/// Starts a delivery of message `offset` (its value the offset) to process
+/// `p`, in the order of the calls; the task ends with its outcome.
+async fn deliver_to_p(
+    delivery: &Arc<wasmrelay::cluster::ClusterDelivery>,
+    offset: i64,
+    abort: &CancellationToken,
+) -> JoinHandle<wasmrelay::flow::DeliveryEnd> {
+    let end = delivery
+        .start(
+            "p".to_string(),
+            &input(offset),
+            output(&offset.to_string()),
+            abort.clone(),
+        )
+        .await;
+    tokio::spawn(end)
+}
+
 #[tokio::test]
 async fn retries_after_a_lost_connection_come_in_order_before_the_next_messages() {
     use wasmrelay::cluster::ClusterDelivery;
@@ -1485,15 +1503,7 @@ async fn retries_after_a_lost_connection_come_in_order_before_the_next_messages(
     // acking any: each is lost, and retried after a jittered pause.
     let mut ends = Vec::new();
     for offset in 0..3 {
-        let end = delivery
-            .start(
-                "p".to_string(),
-                &input(offset),
-                output(&offset.to_string()),
-                abort.clone(),
-            )
-            .await;
-        ends.push(tokio::spawn(end));
+        ends.push(deliver_to_p(&delivery, offset, &abort).await);
         assert_eq!(
             next_delivery(&mut process).await.message.unwrap().value,
             offset.to_string()
@@ -1501,18 +1511,10 @@ async fn retries_after_a_lost_connection_come_in_order_before_the_next_messages(
     }
     drop(process);
     wait_until("p left", || a.gateway.session("p").is_none()).await;
+    wait_until("the line recovers", || delivery.lines().recovering() == 1).await;
     let mut process = register(&a, "p").await;
     // The next message starts at once: it must not overtake the retries.
-    let next_message = {
-        let delivery = delivery.clone();
-        let abort = abort.clone();
-        tokio::spawn(async move {
-            delivery
-                .start("p".to_string(), &input(3), output("3"), abort)
-                .await
-                .await
-        })
-    };
+    let next_message = deliver_to_p(&delivery, 3, &abort).await;
     let mut received = Vec::new();
     while received.len() < 4 {
         let deliver = next_delivery(&mut process).await;
@@ -1542,15 +1544,7 @@ async fn messages_whose_ttl_runs_out_behind_a_stuck_one_are_dead_lettered_withou
     let mut ends = Vec::new();
     let mut seqs = Vec::new();
     for offset in 0..2 {
-        let end = delivery
-            .start(
-                "p".to_string(),
-                &input(offset),
-                output(&offset.to_string()),
-                abort.clone(),
-            )
-            .await;
-        ends.push(tokio::spawn(end));
+        ends.push(deliver_to_p(&delivery, offset, &abort).await);
         seqs.push(next_delivery(&mut process).await.seq);
     }
     process
@@ -1561,16 +1555,7 @@ async fn messages_whose_ttl_runs_out_behind_a_stuck_one_are_dead_lettered_withou
         .await
         .unwrap();
     wait_until("the line recovers", || delivery.lines().recovering() == 1).await;
-    let third = {
-        let delivery = delivery.clone();
-        let abort = abort.clone();
-        tokio::spawn(async move {
-            delivery
-                .start("p".to_string(), &input(2), output("2"), abort)
-                .await
-                .await
-        })
-    };
+    let third = deliver_to_p(&delivery, 2, &abort).await;
     // Past every time to live (2 s), 0 is answered.
     tokio::time::sleep(Duration::from_millis(2500)).await;
     process
