@@ -214,9 +214,8 @@ impl ClusterDelivery {
         // healthy; while it recovers, the delivery waits for its turn in
         // the returned future, so the partition's next records (of this
         // key too) take their places meanwhile.
-        let first = if place.may_go_now() {
+        let first = if place.goes_at_once() {
             let mut first = self.attempt(&process_id, &delivery_id, &message).await;
-            place.handed_over();
             // An attempt that failed at once (the process connected
             // nowhere) holds the line before the next record starts.
             if let Some(result) = (&mut first).now_or_never() {

@@ -109,6 +109,8 @@ pub struct Place {
     lines: Arc<DeliveryLines>,
     /// The line and the place's number; `None`: the flow keeps no order.
     at: Option<(u64, u64)>,
+    /// It went at once when taken (and counts as handed over).
+    goes_at_once: bool,
 }
 
 impl DeliveryLines {
@@ -136,23 +138,35 @@ impl DeliveryLines {
     }
 
     /// Takes the next place in the line of a delivery of `input` to
-    /// `process_id` (call in the partition's order).
+    /// `process_id` (call in the partition's order). A place that may go at
+    /// once ([`Place::goes_at_once`]) counts as handed over from here: the
+    /// caller hands its message over before the partition's next record of
+    /// the line starts (the lane keeps them one after the other), so one
+    /// lock serves the common case.
     pub fn take(self: &Arc<Self>, process_id: &str, input: &InputRecord) -> Place {
-        let at = self.line_of(process_id, input).map(|line| {
-            let mut lines = self.lock();
-            let entry = lines.entry(line).or_default();
-            let number = entry.next;
-            entry.next += 1;
-            entry.unsettled.push_back(Unsettled {
-                number,
-                handed_over: false,
-                wake: None,
-            });
-            (line, number)
+        let Some(line) = self.line_of(process_id, input) else {
+            return Place {
+                lines: self.clone(),
+                at: None,
+                goes_at_once: true,
+            };
+        };
+        let mut lines = self.lock();
+        let entry = lines.entry(line).or_default();
+        let number = entry.next;
+        entry.next += 1;
+        let goes_at_once =
+            entry.recovering_until.is_none() && entry.unsettled.iter().all(|u| u.handed_over);
+        entry.unsettled.push_back(Unsettled {
+            number,
+            handed_over: goes_at_once,
+            wake: None,
         });
+        drop(lines);
         Place {
             lines: self.clone(),
-            at,
+            at: Some((line, number)),
+            goes_at_once,
         }
     }
 
@@ -206,6 +220,13 @@ impl DeliveryLines {
 }
 
 impl Place {
+    /// Whether its first attempt goes at once, as decided when it was taken
+    /// (the line healthy, every earlier place handed over); otherwise it
+    /// waits for [`Self::first_turn`] and then calls [`Self::handed_over`].
+    pub fn goes_at_once(&self) -> bool {
+        self.goes_at_once
+    }
+
     /// Whether its first attempt may go now, without waiting.
     pub fn may_go_now(&self) -> bool {
         self.at
@@ -415,6 +436,7 @@ mod tests {
         failed.failed();
         let first = lines.take("p", &input(0, "k"));
         let second = lines.take("p", &input(0, "k"));
+        assert!(!first.goes_at_once() && !second.goes_at_once());
         assert!(!first.may_go_now() && !second.may_go_now());
         drop(failed);
         // Recovered; the first goes, the second only once the first has
@@ -434,7 +456,10 @@ mod tests {
         // Healthy again: new places go at once.
         assert!(third.may_go_now());
         third.handed_over();
-        assert!(lines.take("p", &input(0, "k")).may_go_now());
+        let healthy = lines.take("p", &input(0, "k"));
+        assert!(healthy.goes_at_once());
+        // ... and the next too: one that went at once counts as handed over.
+        assert!(lines.take("p", &input(0, "k")).goes_at_once());
     }
 
     #[tokio::test]
