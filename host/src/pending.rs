@@ -5,7 +5,10 @@
 //!
 //! Registering runs the caller's enqueue step under the lock, so an answer
 //! can never be looked up before its request is registered, and closing
-//! (which answers everything still pending) can never miss one.
+//! (which answers everything still pending) can never miss one. A request
+//! may hold something until it is answered (the mesh: its room in the
+//! process's window), dropped when the answer arrives, whether or not its
+//! asker still waits.
 
 use std::collections::HashMap;
 use std::sync::{Mutex, MutexGuard};
@@ -24,11 +27,14 @@ pub enum NotRegistered<E> {
 /// Requests awaiting their answer, by sequence number; closed for good once
 /// the connection they went out on ends.
 #[derive(Debug)]
-pub struct PendingAnswers<T> {
-    waiting: Mutex<Option<HashMap<u64, oneshot::Sender<T>>>>,
+pub struct PendingAnswers<T, H = ()> {
+    waiting: Mutex<Option<Waiting<T, H>>>,
 }
 
-impl<T> Default for PendingAnswers<T> {
+/// Each pending request's answer channel and what it holds, by seq.
+type Waiting<T, H> = HashMap<u64, (oneshot::Sender<T>, H)>;
+
+impl<T, H> Default for PendingAnswers<T, H> {
     fn default() -> Self {
         PendingAnswers {
             waiting: Mutex::new(Some(HashMap::new())),
@@ -43,13 +49,25 @@ impl<T> PendingAnswers<T> {
         &self,
         enqueue: impl FnOnce(usize) -> Result<u64, E>,
     ) -> Result<oneshot::Receiver<T>, NotRegistered<E>> {
+        self.register_holding((), enqueue)
+    }
+}
+
+impl<T, H> PendingAnswers<T, H> {
+    /// [`PendingAnswers::register`], the request holding `held` until it
+    /// is answered, forgotten or closed.
+    pub fn register_holding<E>(
+        &self,
+        held: H,
+        enqueue: impl FnOnce(usize) -> Result<u64, E>,
+    ) -> Result<oneshot::Receiver<T>, NotRegistered<E>> {
         let mut waiting = self.lock();
         let Some(map) = waiting.as_mut() else {
             return Err(NotRegistered::Closed);
         };
         let seq = enqueue(map.len()).map_err(NotRegistered::Refused)?;
         let (tx, rx) = oneshot::channel();
-        map.insert(seq, tx);
+        map.insert(seq, (tx, held));
         Ok(rx)
     }
 
@@ -58,7 +76,7 @@ impl<T> PendingAnswers<T> {
     pub fn resolve(&self, seq: u64, answer: T) -> bool {
         let sender = self.lock().as_mut().and_then(|map| map.remove(&seq));
         match sender {
-            Some(sender) => {
+            Some((sender, _held)) => {
                 let _ = sender.send(answer);
                 true
             }
@@ -79,7 +97,7 @@ impl<T> PendingAnswers<T> {
     pub fn close(&self, answer: impl Fn() -> T) -> usize {
         let pending = self.lock().take();
         let mut count = 0;
-        for (_, sender) in pending.into_iter().flatten() {
+        for (_, (sender, _held)) in pending.into_iter().flatten() {
             let _ = sender.send(answer());
             count += 1;
         }
@@ -96,7 +114,7 @@ impl<T> PendingAnswers<T> {
         self.len() == 0
     }
 
-    fn lock(&self) -> MutexGuard<'_, Option<HashMap<u64, oneshot::Sender<T>>>> {
+    fn lock(&self) -> MutexGuard<'_, Option<Waiting<T, H>>> {
         self.waiting.lock().unwrap_or_else(|e| e.into_inner())
     }
 }
@@ -126,5 +144,23 @@ mod tests {
             pending.register(|_| Ok::<_, ()>(3)).unwrap_err(),
             NotRegistered::Closed
         );
+    }
+
+    #[tokio::test]
+    async fn what_a_request_holds_is_dropped_when_it_is_answered_even_if_no_one_waits() {
+        let held = std::sync::Arc::new(());
+        let pending = PendingAnswers::<&str, std::sync::Arc<()>>::default();
+        let answer = pending
+            .register_holding(held.clone(), |_| Ok::<_, ()>(1))
+            .unwrap();
+        drop(answer);
+        assert_eq!(std::sync::Arc::strong_count(&held), 2);
+        assert!(pending.resolve(1, "acked"));
+        assert_eq!(std::sync::Arc::strong_count(&held), 1);
+        pending
+            .register_holding(held.clone(), |_| Ok::<_, ()>(2))
+            .unwrap();
+        assert_eq!(pending.close(|| "lost"), 1);
+        assert_eq!(std::sync::Arc::strong_count(&held), 1);
     }
 }

@@ -55,16 +55,17 @@ pub struct DeliveryPolicy {
 
 /// Hands a message to a process on another node (the mesh).
 pub trait Forwarder: Send + Sync + std::fmt::Debug + 'static {
-    /// Queues the message on the link to `node` (in call order) and returns
-    /// the future of the process's answer there; `Err` when there is no
-    /// usable link to `node` now.
-    fn forward(
-        &self,
-        node: &str,
-        process_id: &str,
+    /// Queues the message on the link to `node` (in call order), waiting
+    /// while as many forwards to the process as `node` holds are
+    /// unanswered, and returns the future of the process's answer there;
+    /// `Err` when there is no usable link to `node` now.
+    fn forward<'a>(
+        &'a self,
+        node: &'a str,
+        process_id: &'a str,
         delivery_id: String,
         message: v1::Message,
-    ) -> Result<BoxFuture<'static, Result<(), ForwardError>>, ForwardError>;
+    ) -> BoxFuture<'a, Result<BoxFuture<'static, Result<(), ForwardError>>, ForwardError>>;
 
     /// Asks the other nodes whether `process_id` is connected to one of
     /// them; resolves with the first that says so, or `None` (all said no,
@@ -361,6 +362,7 @@ impl ClusterDelivery {
                 let result = match (elsewhere, &self.forwarder) {
                     (Some(node), Some(forwarder)) => forwarder
                         .forward(&node, process_id, delivery_id.to_string(), message.clone())
+                        .await
                         .map(|answer| {
                             let routes = self.routes.clone();
                             let process_id = process_id.to_string();

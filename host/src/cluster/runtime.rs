@@ -735,31 +735,47 @@ async fn follow_peers(
 }
 
 impl Forwarder for Mesh {
-    fn forward(
-        &self,
-        node: &str,
-        process_id: &str,
+    fn forward<'a>(
+        &'a self,
+        node: &'a str,
+        process_id: &'a str,
         delivery_id: String,
         message: wasmrelay_protocol::v1::Message,
-    ) -> Result<futures::future::BoxFuture<'static, Result<(), ForwardError>>, ForwardError> {
-        let outcome =
-            Mesh::forward(self, node, process_id, delivery_id, message).map_err(|e| match e {
-                super::mesh::MeshError::TooLarge { .. } => ForwardError::TooLarge(e.to_string()),
-                _ => ForwardError::NotQueued(e.to_string()),
-            })?;
-        let node = node.to_string();
-        Ok(Box::pin(async move {
-            match outcome.await {
-                Ok(ForwardOutcome::Delivered) => Ok(()),
-                Ok(ForwardOutcome::NotHere(reason)) => Err(ForwardError::NotHere { node, reason }),
-                Ok(ForwardOutcome::Failed(reason)) => Err(ForwardError::Failed { node, reason }),
-                Ok(ForwardOutcome::Lost(reason)) => Err(ForwardError::Lost { node, reason }),
-                Err(_) => Err(ForwardError::Lost {
-                    node,
-                    reason: "the link went away".to_string(),
-                }),
-            }
-        }))
+    ) -> futures::future::BoxFuture<
+        'a,
+        Result<futures::future::BoxFuture<'static, Result<(), ForwardError>>, ForwardError>,
+    > {
+        Box::pin(async move {
+            let outcome = Mesh::forward(self, node, process_id, delivery_id, message)
+                .await
+                .map_err(|e| match e {
+                    super::mesh::MeshError::TooLarge { .. } => {
+                        ForwardError::TooLarge(e.to_string())
+                    }
+                    _ => ForwardError::NotQueued(e.to_string()),
+                })?;
+            let node = node.to_string();
+            let answer: futures::future::BoxFuture<'static, Result<(), ForwardError>> =
+                Box::pin(async move {
+                    match outcome.await {
+                        Ok(ForwardOutcome::Delivered) => Ok(()),
+                        Ok(ForwardOutcome::NotHere(reason)) => {
+                            Err(ForwardError::NotHere { node, reason })
+                        }
+                        Ok(ForwardOutcome::Failed(reason)) => {
+                            Err(ForwardError::Failed { node, reason })
+                        }
+                        Ok(ForwardOutcome::Lost(reason)) => {
+                            Err(ForwardError::Lost { node, reason })
+                        }
+                        Err(_) => Err(ForwardError::Lost {
+                            node,
+                            reason: "the link went away".to_string(),
+                        }),
+                    }
+                });
+            Ok(answer)
+        })
     }
 
     fn lookup(&self, process_id: &str) -> futures::future::BoxFuture<'static, Option<LookupFound>> {

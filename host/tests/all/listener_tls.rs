@@ -372,7 +372,7 @@ async fn mesh_links_are_mutual_tls_and_a_node_of_another_ca_gets_no_link() {
         .expect("a's link to b is up over TLS");
     // A forward over it reaches b's gateway (the process is not there).
     let outcome = a
-        .forward("b", "nobody", "d-1".to_string(), v1::Message::default())
+        .try_forward("b", "nobody", "d-1".to_string(), v1::Message::default())
         .unwrap();
     let outcome = tokio::time::timeout(STEP, outcome).await.unwrap().unwrap();
     assert!(matches!(outcome, ForwardOutcome::NotHere(_)), "{outcome:?}");

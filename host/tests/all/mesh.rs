@@ -21,7 +21,8 @@ use tokio::task::JoinHandle;
 use tokio_util::codec::{Decoder, Framed};
 use tokio_util::sync::CancellationToken;
 use wasmrelay::cluster::mesh::{
-    ForwardOutcome, LookupAnswerer, LookupFound, Mesh, MeshError, MeshOptions,
+    FORWARDS_WAITING_PER_PROCESS, ForwardOutcome, Forwarded, LookupAnswerer, LookupFound, Mesh,
+    MeshError, MeshOptions,
 };
 use wasmrelay::gateway::{Gateway, GatewayOptions, Upstream, UpstreamError};
 use wasmrelay_protocol::mesh_auth::{
@@ -175,7 +176,7 @@ async fn wait_until(what: &str, done: impl Fn() -> bool) {
     .unwrap_or_else(|_| panic!("{what}: not within 5 s"));
 }
 
-async fn outcome(answer: tokio::sync::oneshot::Receiver<ForwardOutcome>) -> ForwardOutcome {
+async fn outcome(answer: Forwarded) -> ForwardOutcome {
     tokio::time::timeout(STEP, answer)
         .await
         .expect("no outcome within 5 s")
@@ -318,7 +319,7 @@ async fn forwards_reach_a_process_on_another_node_in_order_and_their_acks_come_b
             }];
             message.offset = n;
             a.mesh
-                .forward("b", "p-1", format!("t/0/{n}"), message)
+                .try_forward("b", "p-1", format!("t/0/{n}"), message)
                 .unwrap()
         })
         .collect();
@@ -351,7 +352,7 @@ async fn forwards_reach_a_process_on_another_node_in_order_and_their_acks_come_b
     let mut other = register(&a, "p-2").await;
     let answer = b
         .mesh
-        .forward("a", "p-2", "t/1/0".to_string(), message("back"))
+        .try_forward("a", "p-2", "t/1/0".to_string(), message("back"))
         .unwrap();
     let deliver = next_delivery(&mut other).await;
     other
@@ -375,7 +376,7 @@ async fn a_process_that_does_not_keep_up_holds_back_only_its_own_forwards() {
     let waiting: Vec<_> = (0..300)
         .map(|n| {
             a.mesh
-                .forward("b", "slow", format!("t/0/{n}"), message("for slow"))
+                .try_forward("b", "slow", format!("t/0/{n}"), message("for slow"))
                 .unwrap()
         })
         .collect();
@@ -383,7 +384,7 @@ async fn a_process_that_does_not_keep_up_holds_back_only_its_own_forwards() {
     let answers: Vec<_> = (0..20)
         .map(|n| {
             a.mesh
-                .forward("b", "fast", format!("t/1/{n}"), message("for fast"))
+                .try_forward("b", "fast", format!("t/1/{n}"), message("for fast"))
                 .unwrap()
         })
         .collect();
@@ -407,6 +408,87 @@ async fn a_process_that_does_not_keep_up_holds_back_only_its_own_forwards() {
 }
 
 #[tokio::test]
+async fn a_sender_keeps_no_more_forwards_to_a_process_unanswered_than_its_peer_holds() {
+    let a = start("a", SECRET).await;
+    let b = start("b", SECRET).await;
+    link_all(&[&a, &b]);
+    wait_linked(&a, &["b"]).await;
+    let mut process = register(&b, "p-1").await;
+    // More than B holds for one process: 256 with the process (its
+    // `max_unacked`) and 1,024 waiting; without a window at A, B would
+    // refuse the rest and A would have to retry them.
+    let total = FORWARDS_WAITING_PER_PROCESS + 400;
+    let sender = {
+        let mesh = a.mesh.clone();
+        tokio::spawn(async move {
+            let mut answers = Vec::new();
+            for n in 0..total {
+                let answer = mesh
+                    .forward("b", "p-1", format!("t/0/{n}"), message("x"))
+                    .await
+                    .unwrap();
+                answers.push(answer);
+            }
+            answers
+        })
+    };
+    wait_until("A sends a full window", || {
+        a.mesh.stats().forwards_sent() == FORWARDS_WAITING_PER_PROCESS as u64
+    })
+    .await;
+    // The process has not answered: the next forward waits at A.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_eq!(
+        a.mesh.stats().forwards_sent(),
+        FORWARDS_WAITING_PER_PROCESS as u64,
+        "A sent past the window while nothing was answered"
+    );
+    assert!(!sender.is_finished());
+    match a
+        .mesh
+        .try_forward("b", "p-1", "t/1/0".to_string(), message("x"))
+    {
+        Err(MeshError::WindowFull {
+            node_id,
+            process_id,
+            window,
+        }) => {
+            assert_eq!((node_id.as_str(), process_id.as_str()), ("b", "p-1"));
+            assert_eq!(window, FORWARDS_WAITING_PER_PROCESS);
+        }
+        other => panic!("expected WindowFull, got {other:?}"),
+    }
+    // Another process has a window of its own.
+    let mut other = register(&b, "p-2").await;
+    let answer = a
+        .mesh
+        .try_forward("b", "p-2", "t/2/0".to_string(), message("y"))
+        .unwrap();
+    let deliver = next_delivery(&mut other).await;
+    other
+        .send(Frame::of(Kind::Ack(v1::Ack { seq: deliver.seq })))
+        .await
+        .unwrap();
+    assert_eq!(outcome(answer).await, ForwardOutcome::Delivered);
+
+    // As the process answers, the rest go, in order, and none is refused.
+    for n in 0..total {
+        let deliver = next_delivery(&mut process).await;
+        assert_eq!(deliver.delivery_id, format!("t/0/{n}"), "out of order");
+        process
+            .send(Frame::of(Kind::Ack(v1::Ack { seq: deliver.seq })))
+            .await
+            .unwrap();
+    }
+    let answers = tokio::time::timeout(STEP, sender).await.unwrap().unwrap();
+    for answer in answers {
+        assert_eq!(outcome(answer).await, ForwardOutcome::Delivered);
+    }
+    assert_eq!(a.mesh.stats().forwards_failed(), 0, "B refused forwards");
+    assert_eq!(a.mesh.stats().forwards_delivered(), total as u64 + 1);
+}
+
+#[tokio::test]
 async fn an_unknown_process_is_not_here_and_a_nack_or_a_lost_connection_fails() {
     let a = start("a", SECRET).await;
     let b = start("b", SECRET).await;
@@ -415,7 +497,7 @@ async fn an_unknown_process_is_not_here_and_a_nack_or_a_lost_connection_fails() 
 
     let answer = a
         .mesh
-        .forward("b", "nobody", "t/0/0".to_string(), message("x"))
+        .try_forward("b", "nobody", "t/0/0".to_string(), message("x"))
         .unwrap();
     match outcome(answer).await {
         ForwardOutcome::NotHere(reason) => assert!(reason.contains("nobody"), "{reason}"),
@@ -425,7 +507,7 @@ async fn an_unknown_process_is_not_here_and_a_nack_or_a_lost_connection_fails() 
     let mut process = register(&b, "p-1").await;
     let answer = a
         .mesh
-        .forward("b", "p-1", "t/0/1".to_string(), message("x"))
+        .try_forward("b", "p-1", "t/0/1".to_string(), message("x"))
         .unwrap();
     let deliver = next_delivery(&mut process).await;
     process
@@ -443,7 +525,7 @@ async fn an_unknown_process_is_not_here_and_a_nack_or_a_lost_connection_fails() 
     // The process goes away before it answers.
     let answer = a
         .mesh
-        .forward("b", "p-1", "t/0/2".to_string(), message("x"))
+        .try_forward("b", "p-1", "t/0/2".to_string(), message("x"))
         .unwrap();
     next_delivery(&mut process).await;
     drop(process);
@@ -457,19 +539,19 @@ async fn an_unknown_process_is_not_here_and_a_nack_or_a_lost_connection_fails() 
     // Refused before anything is sent: an unknown node, a frame too large.
     assert_eq!(
         a.mesh
-            .forward("zzz", "p-1", "t/0/3".to_string(), message("x"))
+            .try_forward("zzz", "p-1", "t/0/3".to_string(), message("x"))
             .unwrap_err(),
         MeshError::UnknownNode("zzz".to_string())
     );
     let huge = message(&"x".repeat(MAX_FRAME));
     assert!(matches!(
-        a.mesh.forward("b", "p-1", "t/0/4".to_string(), huge),
+        a.mesh.try_forward("b", "p-1", "t/0/4".to_string(), huge),
         Err(MeshError::TooLarge { max: MAX_FRAME, .. })
     ));
     // Neither hurt the link.
     let answer = a
         .mesh
-        .forward("b", "nobody", "t/0/5".to_string(), message("x"))
+        .try_forward("b", "nobody", "t/0/5".to_string(), message("x"))
         .unwrap();
     assert!(matches!(outcome(answer).await, ForwardOutcome::NotHere(_)));
     assert_eq!(a.mesh.stats().links_established(), 1);
@@ -498,7 +580,7 @@ async fn nodes_with_a_different_secret_never_link_and_the_right_secret_does() {
     assert!(a.mesh.stats().dial_failures() >= 2);
     assert_eq!(
         a.mesh
-            .forward("b", "p", "t/0/0".to_string(), message("x"))
+            .try_forward("b", "p", "t/0/0".to_string(), message("x"))
             .unwrap_err(),
         MeshError::NotLinked("b".to_string())
     );
@@ -619,7 +701,7 @@ async fn a_stopped_peer_loses_the_pending_forwards_and_is_linked_again_when_back
     let answers: Vec<_> = (0..3)
         .map(|n| {
             a.mesh
-                .forward("b", "p-1", format!("t/0/{n}"), message("x"))
+                .try_forward("b", "p-1", format!("t/0/{n}"), message("x"))
                 .unwrap()
         })
         .collect();
@@ -640,7 +722,7 @@ async fn a_stopped_peer_loses_the_pending_forwards_and_is_linked_again_when_back
     wait_until("a's link to b is down", || a.mesh.linked().is_empty()).await;
     assert_eq!(
         a.mesh
-            .forward("b", "p-1", "t/0/9".to_string(), message("x"))
+            .try_forward("b", "p-1", "t/0/9".to_string(), message("x"))
             .unwrap_err(),
         MeshError::NotLinked("b".to_string())
     );
@@ -648,7 +730,7 @@ async fn a_stopped_peer_loses_the_pending_forwards_and_is_linked_again_when_back
     assert!(b_mesh.linked().is_empty());
     assert_eq!(
         b_mesh
-            .forward("a", "p-1", "t/0/9".to_string(), message("x"))
+            .try_forward("a", "p-1", "t/0/9".to_string(), message("x"))
             .unwrap_err(),
         MeshError::Closed
     );
@@ -660,7 +742,7 @@ async fn a_stopped_peer_loses_the_pending_forwards_and_is_linked_again_when_back
     let mut process = register(&b, "p-1").await;
     let answer = a
         .mesh
-        .forward("b", "p-1", "t/0/0".to_string(), message("again"))
+        .try_forward("b", "p-1", "t/0/0".to_string(), message("again"))
         .unwrap();
     let deliver = next_delivery(&mut process).await;
     assert_eq!(deliver.delivery_id, "t/0/0");
@@ -680,7 +762,7 @@ async fn a_dropped_peer_loses_the_pending_forwards_and_is_no_longer_dialled() {
     let mut process = register(&b, "p-1").await;
     let answer = a
         .mesh
-        .forward("b", "p-1", "t/0/0".to_string(), message("x"))
+        .try_forward("b", "p-1", "t/0/0".to_string(), message("x"))
         .unwrap();
     next_delivery(&mut process).await;
 
@@ -693,7 +775,7 @@ async fn a_dropped_peer_loses_the_pending_forwards_and_is_no_longer_dialled() {
     assert!(a.mesh.linked().is_empty());
     assert_eq!(
         a.mesh
-            .forward("b", "p-1", "t/0/1".to_string(), message("x"))
+            .try_forward("b", "p-1", "t/0/1".to_string(), message("x"))
             .unwrap_err(),
         MeshError::UnknownNode("b".to_string())
     );
@@ -758,7 +840,7 @@ async fn bad_input_on_the_mesh_port_gets_an_error_frame_while_links_keep_working
     // The link between the nodes is untouched.
     let answer = a
         .mesh
-        .forward("b", "p-1", "t/0/1".to_string(), message("fine"))
+        .try_forward("b", "p-1", "t/0/1".to_string(), message("fine"))
         .unwrap();
     let deliver = next_delivery(&mut process).await;
     process
@@ -813,7 +895,7 @@ async fn a_peer_that_stops_answering_is_dropped_after_three_keepalives_and_diall
     let started = tokio::time::Instant::now();
     let answer = a
         .mesh
-        .forward("mute", "p-1", "t/0/0".to_string(), message("x"))
+        .try_forward("mute", "p-1", "t/0/0".to_string(), message("x"))
         .unwrap();
     let mut kinds = Vec::new();
     while !kinds.contains(&"closed") {
@@ -982,7 +1064,7 @@ async fn a_proxy_that_relays_the_bytes_unchanged_is_only_a_transport() {
     for n in 0..20 {
         let answer = a
             .mesh
-            .forward("b", "p-1", format!("t/0/{n}"), message("through"))
+            .try_forward("b", "p-1", format!("t/0/{n}"), message("through"))
             .unwrap();
         let deliver = next_delivery(&mut process).await;
         assert_eq!(deliver.delivery_id, format!("t/0/{n}"));
@@ -1017,7 +1099,7 @@ async fn a_proxy_that_alters_a_forward_breaks_the_link_and_nothing_is_delivered(
     .await;
     let answer = a
         .mesh
-        .forward("b", "p-1", "t/0/0".to_string(), message("original"))
+        .try_forward("b", "p-1", "t/0/0".to_string(), message("original"))
         .unwrap();
     match outcome(answer).await {
         ForwardOutcome::Lost(reason) => assert!(reason.contains("`b`"), "{reason}"),
@@ -1058,7 +1140,7 @@ async fn a_proxy_that_alters_a_forward_ack_gets_nothing_acknowledged() {
     .await;
     let answer = a
         .mesh
-        .forward("b", "p-1", "t/0/0".to_string(), message("x"))
+        .try_forward("b", "p-1", "t/0/0".to_string(), message("x"))
         .unwrap();
     let deliver = next_delivery(&mut process).await;
     process
@@ -1106,7 +1188,7 @@ async fn a_proxy_that_answers_a_forward_itself_gets_nothing_acknowledged() {
         .await;
         let answer = a
             .mesh
-            .forward("b", "p-1", "t/0/0".to_string(), message("x"))
+            .try_forward("b", "p-1", "t/0/0".to_string(), message("x"))
             .unwrap();
         assert!(
             matches!(outcome(answer).await, ForwardOutcome::Lost(_)),

@@ -29,10 +29,11 @@ use wasmrelay_protocol::mesh_auth::{
 use wasmrelay_protocol::v1::{self, ErrorCode, ForwardResult};
 use wasmrelay_protocol::{Backoff, Frame, Kind, PROTOCOL_VERSION};
 
+use super::windows::{FORWARDS_WAITING_PER_PROCESS, ProcessWindows, Room};
 use super::wire::{self, Conn};
 use super::{
-    ForwardOutcome, MAX_PENDING_LOOKUPS, MeshError, MeshOptions, MeshStats, Shared, bump,
-    keepalive, now_ms,
+    ForwardOutcome, Forwarded, MAX_PENDING_LOOKUPS, MeshError, MeshOptions, MeshStats, Shared,
+    bump, keepalive, now_ms,
 };
 use crate::pending::{NotRegistered, PendingAnswers};
 
@@ -110,7 +111,10 @@ pub(super) struct Link {
     capacity: usize,
     max_frame_bytes: usize,
     /// Forwards waiting for their `ForwardAck`, by seq; closed with the link.
-    pending: PendingAnswers<ForwardOutcome>,
+    /// Each holds its room in its process's window.
+    pending: PendingAnswers<ForwardOutcome, Room>,
+    /// Unanswered forwards per process, at most as many as the peer holds.
+    windows: ProcessWindows,
     next_seq: AtomicU64,
     /// Lookups waiting for their `MeshLookupAnswer`, by lookup id: the
     /// generation when the peer holds the process, `None` when it does not
@@ -132,6 +136,7 @@ impl Link {
             capacity: options.link_queue,
             max_frame_bytes: options.max_frame_bytes,
             pending: PendingAnswers::default(),
+            windows: ProcessWindows::new(FORWARDS_WAITING_PER_PROCESS),
             next_seq: AtomicU64::new(1),
             lookups: PendingAnswers::default(),
             next_lookup: AtomicU64::new(1),
@@ -140,18 +145,41 @@ impl Link {
         }
     }
 
-    /// Queues a `Forward`, in order with the others, and returns where its
-    /// outcome arrives.
+    /// Room for a forward to `process_id` now; refused when its window is
+    /// full.
+    pub(super) fn try_room(&self, process_id: &str) -> Result<Room, MeshError> {
+        self.windows
+            .try_room(process_id)
+            .ok_or_else(|| MeshError::WindowFull {
+                node_id: self.node_id.clone(),
+                process_id: process_id.to_string(),
+                window: self.windows.size(),
+            })
+    }
+
+    /// Room for a forward to `process_id`, waiting while its window is
+    /// full; refused when the link closes first.
+    pub(super) async fn room(&self, process_id: &str) -> Result<Room, MeshError> {
+        tokio::select! {
+            room = self.windows.room(process_id) => Ok(room),
+            _ = self.closed.cancelled() => Err(MeshError::NotLinked(self.node_id.clone())),
+        }
+    }
+
+    /// Queues a `Forward` in the `room` of its process's window, in order
+    /// with the others, and returns where its outcome arrives. The room is
+    /// given back when the outcome arrives (or the link closes).
     pub(super) fn forward(
         &self,
         stats: &MeshStats,
+        room: Room,
         process_id: &str,
         delivery_id: String,
         message: v1::Message,
-    ) -> Result<oneshot::Receiver<ForwardOutcome>, MeshError> {
+    ) -> Result<Forwarded, MeshError> {
         // Queued under the table's lock, so an ack cannot be looked up
         // before its forward is pending, and closing cannot miss it.
-        let registered = self.pending.register(|_| {
+        let registered = self.pending.register_holding(room, |_| {
             let seq = self.next_seq.fetch_add(1, Ordering::Relaxed);
             let frame = Frame::of(Kind::Forward(v1::Forward {
                 seq,
@@ -179,10 +207,10 @@ impl Link {
             }
         });
         match registered {
-            Ok(rx) => {
+            Ok(answer) => {
                 self.sent_since_tick.store(true, Ordering::Relaxed);
                 bump(&stats.forwards_sent);
-                Ok(rx)
+                Ok(Forwarded { answer })
             }
             Err(NotRegistered::Closed) => Err(MeshError::NotLinked(self.node_id.clone())),
             Err(NotRegistered::Refused(error)) => Err(error),
@@ -519,6 +547,7 @@ async fn run(shared: &Shared, slot: &PeerSlot, conn: Conn) -> String {
                     let _ = link.queue.try_send(Frame::of(Kind::Ping(v1::Ping { nonce: ping_nonce })));
                 }
                 received_since_tick = false;
+                link.windows.drop_idle();
             }
             next = frames.next() => match next {
                 None => break Closing::quietly("the peer closed the link"),

@@ -35,7 +35,10 @@
 
 mod link;
 mod server;
+mod windows;
 mod wire;
+
+pub use windows::FORWARDS_WAITING_PER_PROCESS;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -249,6 +252,20 @@ pub enum MeshError {
         /// The queue's capacity ([`MeshOptions::link_queue`]).
         capacity: usize,
     },
+    /// As many forwards to the process as the peer holds are unanswered
+    /// on the link already ([`Mesh::try_forward`]; [`Mesh::forward`] waits
+    /// for room instead).
+    #[error(
+        "{window} forwards to process `{process_id}` are unanswered on the mesh link to node `{node_id}` already"
+    )]
+    WindowFull {
+        /// The peer.
+        node_id: String,
+        /// The process.
+        process_id: String,
+        /// [`FORWARDS_WAITING_PER_PROCESS`].
+        window: usize,
+    },
     /// The forward would be larger than the largest frame.
     #[error("a forward of {bytes} bytes is larger than the maximum frame of {max} bytes")]
     TooLarge {
@@ -260,6 +277,25 @@ pub enum MeshError {
     /// The mesh was closed (the node is shutting down).
     #[error("the mesh is closed")]
     Closed,
+}
+
+/// A forward queued on a link: resolves with its outcome. Its room in the
+/// process's window is given back when the outcome arrives, whether or not
+/// this is still awaited.
+#[derive(Debug)]
+pub struct Forwarded {
+    answer: oneshot::Receiver<ForwardOutcome>,
+}
+
+impl std::future::Future for Forwarded {
+    type Output = Result<ForwardOutcome, oneshot::error::RecvError>;
+
+    fn poll(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Self::Output> {
+        std::pin::Pin::new(&mut self.answer).poll(cx)
+    }
 }
 
 /// Counters of the mesh, read by metrics and the admin API.
@@ -545,17 +581,44 @@ impl Mesh {
 
     /// Queues a `Forward` of `message` for `process_id` on the link to
     /// `node_id`, in order with the other forwards queued on it, and returns
-    /// where its outcome arrives. Refused when that node is not a peer, no
-    /// authenticated link to it is up right now, its queue is full, or the
+    /// where its outcome arrives. Waits while as many forwards to the
+    /// process as the peer holds ([`FORWARDS_WAITING_PER_PROCESS`]) are
+    /// unanswered on the link, so the peer never has to refuse one for
+    /// that. Refused when that node is not a peer, no authenticated link to
+    /// it is up (or it closes while waiting), its queue is full, or the
     /// frame would be too large; the caller then retries or routes
     /// elsewhere.
-    pub fn forward(
+    pub async fn forward(
         &self,
         node_id: &str,
         process_id: &str,
         delivery_id: String,
         message: v1::Message,
-    ) -> Result<oneshot::Receiver<ForwardOutcome>, MeshError> {
+    ) -> Result<Forwarded, MeshError> {
+        let link = self.link(node_id)?;
+        let room = match link.try_room(process_id) {
+            Ok(room) => room,
+            Err(_) => link.room(process_id).await?,
+        };
+        link.forward(&self.shared.stats, room, process_id, delivery_id, message)
+    }
+
+    /// [`Mesh::forward`] without waiting: refused
+    /// ([`MeshError::WindowFull`]) when the process's window is full.
+    pub fn try_forward(
+        &self,
+        node_id: &str,
+        process_id: &str,
+        delivery_id: String,
+        message: v1::Message,
+    ) -> Result<Forwarded, MeshError> {
+        let link = self.link(node_id)?;
+        let room = link.try_room(process_id)?;
+        link.forward(&self.shared.stats, room, process_id, delivery_id, message)
+    }
+
+    /// The link to `node_id`, if one is up.
+    fn link(&self, node_id: &str) -> Result<Arc<link::Link>, MeshError> {
         if self.shared.closed.is_cancelled() {
             return Err(MeshError::Closed);
         }
@@ -565,10 +628,8 @@ impl Mesh {
             .get(node_id)
             .cloned()
             .ok_or_else(|| MeshError::UnknownNode(node_id.to_string()))?;
-        let link = slot
-            .link()
-            .ok_or_else(|| MeshError::NotLinked(node_id.to_string()))?;
-        link.forward(&self.shared.stats, process_id, delivery_id, message)
+        slot.link()
+            .ok_or_else(|| MeshError::NotLinked(node_id.to_string()))
     }
 
     /// Asks every peer linked now, at once, whether `process_id` is

@@ -401,8 +401,10 @@ async fn handshake(mesh: &Mesh, conn: &mut Conn) -> Result<v1::MeshHello, Refusa
 
 /// Forwards waiting in one process's lane at most; one more is answered
 /// `Failed` at once (the sender retries it), so a process that does not
-/// keep up never holds the link's other forwards nor its reading.
-const LANE_LIMIT: usize = 1024;
+/// keep up never holds the link's other forwards nor its reading. A sender
+/// of this version keeps no more than this unanswered per process
+/// ([`super::windows`]), so only an older or misbehaving one is refused.
+const LANE_LIMIT: usize = super::FORWARDS_WAITING_PER_PROCESS;
 
 /// The lanes of one link: the forwards waiting per process, in arrival
 /// order. A lane's task hands them to the gateway one after the other and
