@@ -13,7 +13,12 @@
 # max_unacked and send_queue of both nodes), TLS [0] (1: each wasmrelay
 # run is followed by the same run on a second cluster with TLS on the
 # client listener and mutual TLS on the mesh, and a table of TLS /
-# plaintext is printed), SKIP_BUILD=1, WASMRELAY_BIN, KEEP_RUN_DIR=1.
+# plaintext is printed), SKIP_BUILD=1, WASMRELAY_BIN, KEEP_RUN_DIR=1,
+# PERF_SECONDS [0] (N > 0: `perf record -g` of both nodes for N seconds
+# from the start of each throughput run's drain, into
+# $RUN_DIR/perf-<variant>-<size>.data; keep the run directory to read them;
+# PERF_ARGS [-F 1999 -g] replaces what is recorded, e.g. a uprobe on malloc
+# with --call-graph dwarf).
 NEED_NATS=1
 source "$(dirname "$0")/lib.sh"
 
@@ -139,6 +144,12 @@ relay_run() {
   fi
   local cpu_a cpu_b cpu_k
   cpu_a=$(cpu_ms "${NODE_PIDS[$a]}"); cpu_b=$(cpu_ms "${NODE_PIDS[$b]}"); cpu_k=$(cpu_ms "$TANSU_PID")
+  if [[ $measure == throughput && ${PERF_SECONDS:-0} -gt 0 ]]; then
+    # shellcheck disable=SC2086 # PERF_ARGS is a list of words
+    perf record -q ${PERF_ARGS:--F 1999 -g} -p "${NODE_PIDS[$a]},${NODE_PIDS[$b]}" \
+      -o "$RUN_DIR/perf-$where$suffix-$size.data" -- sleep "$PERF_SECONDS" \
+      >"$RUN_DIR/perf-$where$suffix-$size.log" 2>&1 &
+  fi
   if [[ $measure == latency ]]; then
     TIMEOUT=30 wait_until "node A reaching $process" path_up "$process" "$where" "$a" "$b"
     log "$where $size B: $LAT_RATE messages/s for $LAT_SECONDS s"

@@ -35,7 +35,7 @@ use super::router::ProcessRouter;
 use super::routes::RouteTable;
 use crate::flow::dead_letter::Stage;
 use crate::flow::{Delivery, DeliveryEnd, DeliveryTarget};
-use crate::gateway::{DeliverError, DeliveryResult, Gateway};
+use crate::gateway::{DeliverError, DeliveryResult, Gateway, NoRoom};
 use crate::kafka::{DeliveryOrder, InputRecord, OutputRecord};
 
 /// Retry pacing of cluster deliveries.
@@ -241,9 +241,11 @@ impl ClusterDelivery {
                     if Instant::now() >= deadline {
                         return DeliveryEnd::GaveUp(this.expired_waiting(&process_id));
                     }
+                    // Boxed here and below: rare paths, which would
+                    // otherwise make every delivery's future larger.
                     let first = tokio::select! {
                         _ = abort.cancelled() => return DeliveryEnd::Aborted,
-                        first = this.attempt(&process_id, &delivery_id, &message) => first,
+                        first = Box::pin(this.attempt(&process_id, &delivery_id, &message)) => first,
                     };
                     place.handed_over();
                     first
@@ -298,7 +300,7 @@ impl ClusterDelivery {
                 this.policy.retried.inc();
                 attempt = tokio::select! {
                     _ = abort.cancelled() => return DeliveryEnd::Aborted,
-                    attempt = this.attempt(&process_id, &delivery_id, &message) => attempt,
+                    attempt = Box::pin(this.attempt(&process_id, &delivery_id, &message)) => attempt,
                 };
             }
         }
@@ -327,9 +329,18 @@ impl ClusterDelivery {
         // for the connection or the link that takes it, not before.
         match self.gateway.session(process_id) {
             Some(session) => {
-                let answer = session
-                    .deliver(delivery_id.to_string(), message.clone())
-                    .await;
+                // Waiting for the process's room is boxed: rare, and it would
+                // make the future of every delivery larger.
+                let answer = match session.try_deliver(delivery_id.to_string(), message.clone()) {
+                    Ok(answer) => answer,
+                    Err(no_room) => {
+                        let NoRoom {
+                            delivery_id,
+                            message,
+                        } = *no_room;
+                        Box::pin(session.deliver(delivery_id, message)).await
+                    }
+                };
                 async move {
                     match answer.await {
                         Ok(DeliveryResult::Acked) => Ok(()),
@@ -447,7 +458,13 @@ impl DeliveryTarget for ClusterTarget {
         abort: &'a CancellationToken,
     ) -> BoxFuture<'a, Delivery> {
         async move {
-            match self.router.route(input, &call).await {
+            // A router plugin's call is boxed: it would make the future of
+            // every delivery larger, also where no plugin routes.
+            let routed = match self.router.route_without_plugin(&call) {
+                Some(routed) => routed,
+                None => Box::pin(self.router.route(input, &call)).await,
+            };
+            match routed {
                 Ok(process_id) => Delivery::Pending(
                     self.delivery
                         .start(process_id, input, call, abort.clone())

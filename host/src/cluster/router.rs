@@ -84,12 +84,7 @@ impl ProcessRouter {
         message: &OutputRecord,
     ) -> Result<String, RouteFailure> {
         let Some(name) = &self.plugin else {
-            return built_in_route(message).ok_or_else(|| RouteFailure {
-                stage: "router:built-in".to_string(),
-                reason: format!(
-                    "no process id: the message has no `{PROCESS_ID_HEADER}` header and no UTF-8 key"
-                ),
-            });
+            return built_in_route_or_failure(message);
         };
         let version = self.registry.current(name).map_err(|e| RouteFailure {
             stage: format!("router:{name}"),
@@ -115,6 +110,29 @@ impl ProcessRouter {
             Err(reason) => Err(RouteFailure { stage, reason }),
         }
     }
+}
+
+impl ProcessRouter {
+    /// The process of `message` when no plugin routes (the built-in rule);
+    /// `None` when the router plugin must be asked ([`ProcessRouter::route`]).
+    pub fn route_without_plugin(
+        &self,
+        message: &OutputRecord,
+    ) -> Option<Result<String, RouteFailure>> {
+        self.plugin
+            .is_none()
+            .then(|| built_in_route_or_failure(message))
+    }
+}
+
+/// [`built_in_route`], or why it found no process.
+fn built_in_route_or_failure(message: &OutputRecord) -> Result<String, RouteFailure> {
+    built_in_route(message).ok_or_else(|| RouteFailure {
+        stage: "router:built-in".to_string(),
+        reason: format!(
+            "no process id: the message has no `{PROCESS_ID_HEADER}` header and no UTF-8 key"
+        ),
+    })
 }
 
 /// The built-in rule: the `process-id` header, else the key, as UTF-8.

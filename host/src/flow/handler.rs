@@ -98,12 +98,13 @@ pub const MAX_BATCH_RECORDS: usize = crate::plugin::executor::MAX_BATCH_MESSAGES
 
 impl MessageHandler for FlowMessageHandler {
     fn handle(&self, record: InputRecord, abort: CancellationToken) -> Handling {
-        let flow = self.flow.clone();
         // The ordered part resolves to the completion, which the consumer
-        // awaits separately: yielding a future here is the point.
-        #[allow(clippy::async_yields_async)]
-        let ordered = async move { flow.handle_in_order(record, abort, None).await };
-        ordered.boxed()
+        // awaits separately. Boxed as it is: a block around it would hold
+        // the record twice (its capture, and the call's argument).
+        self.flow
+            .clone()
+            .handle_in_order(record, abort, None)
+            .boxed()
     }
 
     /// A transform flow takes the ready records of a partition in batches:
@@ -189,10 +190,7 @@ impl FlowHandler {
                     first_attempt,
                 };
                 // As in `handle`: the ordered part yields the completion.
-                #[allow(clippy::async_yields_async)]
-                let ordered =
-                    async move { flow.handle_in_order(input, abort, Some(started)).await };
-                ordered.boxed()
+                flow.handle_in_order(input, abort, Some(started)).boxed()
             })
             .collect()
     }
@@ -218,15 +216,21 @@ impl FlowHandler {
         let mut outputs: Vec<OutputRecord> = Vec::new();
         let mut dead_letters: Vec<OutputRecord> = Vec::new();
 
-        let service_call = self
-            .run_chain_after(
+        // A chain's run is boxed (and skipped when the chain is empty): it
+        // would otherwise make every record's future larger than the
+        // allocator's thread cache takes.
+        let service_call = if self.service_call.is_empty() {
+            ChainRun::Output(vec![original(&input)])
+        } else {
+            Box::pin(self.run_chain_after(
                 first_attempt,
                 &self.service_call,
                 &input,
                 original(&input),
                 &abort,
-            )
-            .await;
+            ))
+            .await
+        };
         let calls = match service_call {
             ChainRun::Output(calls) => calls,
             ChainRun::DeadLetter(record) => {
@@ -259,10 +263,12 @@ impl FlowHandler {
         };
 
         for data_return in returns {
-            match self
-                .run_chain(&self.data_return, &input, data_return, &abort)
-                .await
-            {
+            let data_return = if self.data_return.is_empty() {
+                ChainRun::Output(vec![data_return])
+            } else {
+                Box::pin(self.run_chain(&self.data_return, &input, data_return, &abort)).await
+            };
+            match data_return {
                 ChainRun::Output(records) => {
                     for mut record in records {
                         add_origin_headers(&mut record, &input);
@@ -286,11 +292,20 @@ impl FlowHandler {
             } else {
                 &self.output_topic
             };
-            match self.link.producer().enqueue(topic, &record).await {
+            let producer = self.link.producer();
+            // Waiting for room in the producer's queue is boxed: rare, and it
+            // would make every record's future larger.
+            let enqueued = match producer.enqueue_now(topic, &record) {
+                Some(enqueued) => enqueued.map(|ack| ack.boxed()),
+                None => Box::pin(producer.enqueue(topic, &record))
+                    .await
+                    .map(|ack| ack.boxed()),
+            };
+            match enqueued {
                 Ok(ack) => in_flight.push(InFlight {
                     record,
                     dead_letter,
-                    ack: ack.boxed(),
+                    ack,
                 }),
                 Err(error) => in_flight.push(InFlight {
                     record,
@@ -329,7 +344,7 @@ impl FlowHandler {
                     DeliveryEnd::Aborted => return Outcome::Abandoned,
                     DeliveryEnd::GaveUp(reason) => {
                         let record = flow.dead_letter(call, &input, &Stage::Deliver, &reason);
-                        if !flow.write_dead_letter(record, &abort).await {
+                        if !Box::pin(flow.write_dead_letter(record, &abort)).await {
                             return Outcome::Abandoned;
                         }
                     }
@@ -427,13 +442,13 @@ impl FlowHandler {
                 (Err(error), false) => {
                     let reason = format!("producing to `{}`: {error}", self.output_topic);
                     let record = self.dead_letter(produce.record, &input, &Stage::Produce, &reason);
-                    if !self.write_dead_letter(record, &abort).await {
+                    if !Box::pin(self.write_dead_letter(record, &abort)).await {
                         return Outcome::Abandoned;
                     }
                 }
                 (Err(error), true) => {
                     tracing::warn!(flow = %self.name, %error, "writing a dead letter failed; retrying");
-                    if !self.write_dead_letter(produce.record, &abort).await {
+                    if !Box::pin(self.write_dead_letter(produce.record, &abort)).await {
                         return Outcome::Abandoned;
                     }
                 }

@@ -36,7 +36,7 @@ use tokio_util::task::TaskTracker;
 use wasmrelay_protocol::v1;
 
 pub use auth::ClientAuth;
-pub use session::{DeliverError, DeliveryResult, Ending, Session};
+pub use session::{DeliverError, DeliveryResult, Ending, NoRoom, Session};
 
 /// How the gateway treats connections.
 #[derive(Clone, Debug)]

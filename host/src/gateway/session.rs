@@ -17,7 +17,7 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use tokio::sync::{Semaphore, mpsc, oneshot};
+use tokio::sync::{Semaphore, TryAcquireError, mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 use wasmrelay_protocol::v1::{self, ErrorCode};
 use wasmrelay_protocol::{Frame, Kind};
@@ -116,6 +116,16 @@ pub struct Session {
     ending: Mutex<Option<Ending>>,
 }
 
+/// A delivery the process had no room for ([`Session::try_deliver`]),
+/// handed back.
+#[derive(Debug)]
+pub struct NoRoom {
+    /// The delivery's id.
+    pub delivery_id: String,
+    /// The message.
+    pub message: v1::Message,
+}
+
 impl Session {
     pub(crate) fn new(
         process_id: String,
@@ -160,6 +170,29 @@ impl Session {
         self.pending.len()
     }
 
+    /// Waits for room for one more delivery (taking it) while the process
+    /// has `max_unacked` unanswered: after `slow_consumer_timeout` the
+    /// session ends with `SLOW_CONSUMER`, and the delivery is lost.
+    async fn wait_for_room(&self) -> Result<(), oneshot::Receiver<DeliveryResult>> {
+        match tokio::time::timeout(self.slow_consumer_timeout, self.capacity.acquire()).await {
+            Ok(Ok(permit)) => {
+                permit.forget();
+                Ok(())
+            }
+            Ok(Err(_)) => Err(lost(self.reason_closed())),
+            Err(_) => {
+                self.close(
+                    ErrorCode::SlowConsumer,
+                    format!(
+                        "{} deliveries unacknowledged for {:?}",
+                        self.max_unacked, self.slow_consumer_timeout
+                    ),
+                );
+                Err(lost("the process is too slow".to_string()))
+            }
+        }
+    }
+
     /// Queues a delivery, in order with every other frame to this process,
     /// and returns where its outcome will arrive. Waits while the process
     /// has `max_unacked` deliveries unanswered; after
@@ -171,20 +204,44 @@ impl Session {
         delivery_id: String,
         message: v1::Message,
     ) -> oneshot::Receiver<DeliveryResult> {
-        match tokio::time::timeout(self.slow_consumer_timeout, self.capacity.acquire()).await {
-            Ok(Ok(permit)) => permit.forget(),
-            Ok(Err(_)) => return lost(self.reason_closed()),
-            Err(_) => {
-                self.close(
-                    ErrorCode::SlowConsumer,
-                    format!(
-                        "{} deliveries unacknowledged for {:?}",
-                        self.max_unacked, self.slow_consumer_timeout
-                    ),
-                );
-                return lost("the process is too slow".to_string());
-            }
+        match self.try_deliver(delivery_id, message) {
+            Ok(answer) => answer,
+            // Boxed: the wait (a timer) is the rare case, and the future of
+            // every delivery would otherwise carry it.
+            Err(no_room) => match Box::pin(self.wait_for_room()).await {
+                Ok(()) => self.queue(no_room.delivery_id, no_room.message),
+                Err(lost) => lost,
+            },
         }
+    }
+
+    /// [`Session::deliver`] when the process has room now; otherwise the
+    /// delivery is handed back, to be waited for with `deliver`. A caller
+    /// that tries first keeps the wait out of its own future.
+    pub fn try_deliver(
+        &self,
+        delivery_id: String,
+        message: v1::Message,
+    ) -> Result<oneshot::Receiver<DeliveryResult>, Box<NoRoom>> {
+        match self.capacity.try_acquire() {
+            Ok(permit) => {
+                permit.forget();
+                Ok(self.queue(delivery_id, message))
+            }
+            Err(TryAcquireError::Closed) => Ok(lost(self.reason_closed())),
+            Err(TryAcquireError::NoPermits) => Err(Box::new(NoRoom {
+                delivery_id,
+                message,
+            })),
+        }
+    }
+
+    /// Queues a delivery for which room was taken.
+    fn queue(
+        &self,
+        delivery_id: String,
+        message: v1::Message,
+    ) -> oneshot::Receiver<DeliveryResult> {
         let registered = self.pending.register(|_| {
             let seq = self.next_seq.fetch_add(1, Ordering::Relaxed);
             let frame = Frame::of(Kind::Deliver(v1::Deliver {

@@ -54,6 +54,26 @@ impl RelayProducer {
         record: &OutputRecord,
     ) -> Result<impl Future<Output = Result<Delivered, KafkaError>> + Send + 'static, KafkaError>
     {
+        loop {
+            match self.enqueue_now(topic, record) {
+                Some(enqueued) => return enqueued,
+                // Boxed: rare, and every enqueue's future would carry the
+                // timer otherwise.
+                None => Box::pin(tokio::time::sleep(QUEUE_FULL_BACKOFF)).await,
+            }
+        }
+    }
+
+    /// [`RelayProducer::enqueue`] without waiting: `None` while librdkafka's
+    /// queue is full. A caller that tries first keeps the wait out of its
+    /// own future.
+    pub fn enqueue_now(
+        &self,
+        topic: &str,
+        record: &OutputRecord,
+    ) -> Option<
+        Result<impl Future<Output = Result<Delivered, KafkaError>> + Send + 'static, KafkaError>,
+    > {
         let mut future_record: FutureRecord<'_, [u8], [u8]> =
             FutureRecord::to(topic).headers(record.rdkafka_headers());
         if let Some(key) = &record.key {
@@ -62,27 +82,19 @@ impl RelayProducer {
         if let Some(value) = &record.value {
             future_record = future_record.payload(value.as_slice());
         }
-        loop {
-            match self.inner.send_result(future_record) {
-                Ok(delivery) => {
-                    return Ok(async move {
-                        match delivery.await {
-                            Ok(Ok(delivery)) => Ok(Delivered {
-                                partition: delivery.partition,
-                                offset: delivery.offset,
-                            }),
-                            Ok(Err((error, _message))) => Err(error),
-                            Err(_canceled) => Err(KafkaError::Canceled),
-                        }
-                    });
+        match self.inner.send_result(future_record) {
+            Ok(delivery) => Some(Ok(async move {
+                match delivery.await {
+                    Ok(Ok(delivery)) => Ok(Delivered {
+                        partition: delivery.partition,
+                        offset: delivery.offset,
+                    }),
+                    Ok(Err((error, _message))) => Err(error),
+                    Err(_canceled) => Err(KafkaError::Canceled),
                 }
-                Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), refused)) => {
-                    // Handed back whole, headers and all, for the next try.
-                    future_record = refused;
-                    tokio::time::sleep(QUEUE_FULL_BACKOFF).await;
-                }
-                Err((error, _)) => return Err(error),
-            }
+            })),
+            Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), _)) => None,
+            Err((error, _)) => Some(Err(error)),
         }
     }
 
