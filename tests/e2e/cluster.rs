@@ -1347,7 +1347,13 @@ async fn messages_for_no_process_are_retried_until_the_ttl_then_dead_lettered() 
             ],
         )
         .await;
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    // Both lines (keys `nobody` and `late`) go one at a time while their
+    // deliveries fail, and operators can see it.
+    let recovering = r#"wasmrelay_delivery_lines_recovering{flow="business"}"#;
+    node.wait_for("two lines recovering", Duration::from_secs(10), || {
+        node.metric(recovering) == 2
+    })
+    .await;
     pool.connect(&[client_addr(&node)], "late", false).await;
     let dead = kafka
         .consume_all("business.dlq", 2, Duration::from_secs(30))
@@ -1388,6 +1394,10 @@ async fn messages_for_no_process_are_retried_until_the_ttl_then_dead_lettered() 
         Duration::from_secs(10),
         || pool.count() == 1,
     )
+    .await;
+    node.wait_for("no line recovering", Duration::from_secs(10), || {
+        node.metric(recovering) == 0
+    })
     .await;
 }
 

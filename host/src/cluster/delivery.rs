@@ -49,6 +49,8 @@ pub struct DeliveryPolicy {
     pub max_backoff: Duration,
     /// Counts each retry (the flow's `wasmrelay_retries_total`).
     pub retried: prometheus_client::metrics::counter::Counter,
+    /// Counts the lines recovering from a failure (see [`DeliveryLines`]).
+    pub lines_recovering: prometheus_client::metrics::gauge::Gauge,
     /// The flow's ordering, kept through retries (see [`DeliveryLines`]).
     pub order: DeliveryOrder,
 }
@@ -185,7 +187,7 @@ impl ClusterDelivery {
             gateway,
             routes,
             forwarder,
-            lines: DeliveryLines::new(policy.order),
+            lines: DeliveryLines::new(policy.order, policy.lines_recovering.clone()),
             policy,
         })
     }

@@ -31,6 +31,7 @@ use std::collections::{HashMap, VecDeque};
 use std::hash::{BuildHasher as _, RandomState};
 use std::sync::{Arc, Mutex, MutexGuard};
 
+use prometheus_client::metrics::gauge::Gauge;
 use tokio::sync::Notify;
 
 use crate::kafka::{DeliveryOrder, InputRecord};
@@ -41,6 +42,8 @@ pub struct DeliveryLines {
     order: DeliveryOrder,
     hasher: RandomState,
     lines: Mutex<HashMap<u64, Line>>,
+    /// The lines recovering now.
+    recovering: Gauge,
 }
 
 /// An unsettled place: its number, whether its first attempt has handed
@@ -114,12 +117,14 @@ pub struct Place {
 }
 
 impl DeliveryLines {
-    /// The lines of a flow with `order`.
-    pub fn new(order: DeliveryOrder) -> Arc<DeliveryLines> {
+    /// The lines of a flow with `order`; `recovering` counts the lines
+    /// recovering from a failure.
+    pub fn new(order: DeliveryOrder, recovering: Gauge) -> Arc<DeliveryLines> {
         Arc::new(DeliveryLines {
             order,
             hasher: RandomState::new(),
             lines: Mutex::new(HashMap::new()),
+            recovering,
         })
     }
 
@@ -261,6 +266,9 @@ impl Place {
         let mut lines = self.lines.lock();
         if let Some(line) = lines.get_mut(&line) {
             let last = line.next.saturating_sub(1);
+            if line.recovering_until.is_none() {
+                self.lines.recovering.inc();
+            }
             line.recovering_until = Some(line.recovering_until.map_or(last, |b| b.max(last)));
         }
     }
@@ -292,6 +300,7 @@ impl Drop for Place {
                 .is_none_or(|oldest| oldest.number > until)
         {
             line.recovering_until = None;
+            self.lines.recovering.dec();
         }
         if line.unsettled.is_empty() {
             lines.remove(&key);
@@ -345,7 +354,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_healthy_line_never_waits_and_is_gone_once_settled() {
-        let lines = DeliveryLines::new(DeliveryOrder::Key);
+        let lines = DeliveryLines::new(DeliveryOrder::Key, Gauge::default());
         let places: Vec<Place> =
             futures::future::join_all((0..5).map(|_| join(&lines, "p", &input(0, "k")))).await;
         assert_eq!(lines.lines(), 1);
@@ -355,12 +364,15 @@ mod tests {
 
     #[tokio::test]
     async fn after_a_failure_places_go_one_at_a_time_in_order() {
-        let lines = DeliveryLines::new(DeliveryOrder::Key);
+        let recovering = Gauge::default();
+        let lines = DeliveryLines::new(DeliveryOrder::Key, recovering.clone());
         let first = join(&lines, "p", &input(0, "k")).await;
         let second = join(&lines, "p", &input(0, "k")).await;
         // The second's attempt fails while the first is still in flight:
         // its retry waits for the first to settle.
         second.failed();
+        second.failed();
+        assert_eq!(recovering.get(), 1, "one line recovers, however often");
         let mut retry = Box::pin(second.turn());
         assert!(waits(&mut retry).await, "a retry overtook an earlier place");
         // A new delivery waits for both (the line recovers).
@@ -370,7 +382,13 @@ mod tests {
         assert!(!waits(&mut retry).await, "the oldest unsettled place goes");
         drop(retry);
         assert!(waits(&mut third).await);
+        assert_eq!(recovering.get(), 1);
         drop(second);
+        assert_eq!(
+            recovering.get(),
+            0,
+            "recovered once the failed place settled"
+        );
         let third = third.now_or_never().expect("goes once the line is settled");
         // Recovered: the line pipelines again.
         let fourth = join(&lines, "p", &input(0, "k")).now_or_never();
@@ -381,7 +399,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_place_taken_before_the_failure_keeps_the_line_recovering() {
-        let lines = DeliveryLines::new(DeliveryOrder::Key);
+        let lines = DeliveryLines::new(DeliveryOrder::Key, Gauge::default());
         let first = join(&lines, "p", &input(0, "k")).await;
         let second = join(&lines, "p", &input(0, "k")).await;
         // The first fails and is then delivered by its retry; the second,
@@ -401,7 +419,7 @@ mod tests {
 
     #[tokio::test]
     async fn other_keys_partitions_and_processes_are_other_lines() {
-        let lines = DeliveryLines::new(DeliveryOrder::Key);
+        let lines = DeliveryLines::new(DeliveryOrder::Key, Gauge::default());
         let stuck = join(&lines, "p", &input(0, "k")).await;
         let _later = join(&lines, "p", &input(0, "k")).await;
         stuck.failed();
@@ -414,7 +432,7 @@ mod tests {
             );
         }
         // With partition ordering, every key of the partition is one line.
-        let lines = DeliveryLines::new(DeliveryOrder::Partition);
+        let lines = DeliveryLines::new(DeliveryOrder::Partition, Gauge::default());
         let stuck = join(&lines, "p", &input(0, "k")).await;
         stuck.failed();
         let mut other_key = Box::pin(join(&lines, "p", &input(0, "other")));
@@ -422,7 +440,7 @@ mod tests {
         drop(stuck);
         assert!(other_key.now_or_never().is_some());
         // With no ordering there are no lines.
-        let lines = DeliveryLines::new(DeliveryOrder::None);
+        let lines = DeliveryLines::new(DeliveryOrder::None, Gauge::default());
         let stuck = join(&lines, "p", &input(0, "k")).await;
         stuck.failed();
         assert!(join(&lines, "p", &input(0, "k")).now_or_never().is_some());
@@ -431,7 +449,7 @@ mod tests {
 
     #[tokio::test]
     async fn after_recovery_waiting_places_go_in_order_each_once_the_one_before_is_handed_over() {
-        let lines = DeliveryLines::new(DeliveryOrder::Key);
+        let lines = DeliveryLines::new(DeliveryOrder::Key, Gauge::default());
         let failed = join(&lines, "p", &input(0, "k")).await;
         failed.failed();
         let first = lines.take("p", &input(0, "k"));
@@ -464,7 +482,7 @@ mod tests {
 
     #[tokio::test]
     async fn giving_up_a_waiting_place_lets_the_next_go() {
-        let lines = DeliveryLines::new(DeliveryOrder::Key);
+        let lines = DeliveryLines::new(DeliveryOrder::Key, Gauge::default());
         let first = join(&lines, "p", &input(0, "k")).await;
         first.failed();
         let mut second = Box::pin(join(&lines, "p", &input(0, "k")));

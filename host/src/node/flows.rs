@@ -190,6 +190,7 @@ fn target(
                         initial_backoff: flow.retry.initial_backoff,
                         max_backoff: flow.retry.max_backoff,
                         retried: metrics.flow(&flow.name).retried,
+                        lines_recovering: metrics.flow(&flow.name).lines_recovering,
                         order: flow.ordering,
                     },
                 ),

@@ -45,6 +45,7 @@ pub struct RelayMetrics {
     retried: Family<FlowLabels, Counter>,
     in_progress: Family<FlowLabels, Gauge>,
     awaiting_ack: Family<FlowLabels, Gauge>,
+    lines_recovering: Family<FlowLabels, Gauge>,
     plugin_call_seconds: Family<PluginLabels, Histogram, fn() -> Histogram>,
     link_switches: Family<LinkLabels, Counter>,
     link_switches_refused: Family<LinkLabels, Counter>,
@@ -187,6 +188,11 @@ pub struct FlowMetrics {
     /// acknowledgements: Kafka's of their outputs (and, in a cluster flow,
     /// the process's of its delivery). High when the broker is slow.
     pub awaiting_ack: Gauge,
+    /// Lines of a cluster flow's deliveries (one process, partition and
+    /// key) recovering from a failed attempt: their deliveries go one at a
+    /// time until the failed ones are settled. Stays up while a process
+    /// keeps failing its deliveries.
+    pub lines_recovering: Gauge,
 }
 
 /// Holds one unit of a gauge while alive: [`HeldGauge::hold`] increments,
@@ -226,6 +232,7 @@ impl RelayMetrics {
         let retried = Family::<FlowLabels, Counter>::default();
         let in_progress = Family::<FlowLabels, Gauge>::default();
         let awaiting_ack = Family::<FlowLabels, Gauge>::default();
+        let lines_recovering = Family::<FlowLabels, Gauge>::default();
         let plugin_call_seconds =
             Family::<PluginLabels, Histogram, fn() -> Histogram>::new_with_constructor(
                 plugin_call_histogram,
@@ -379,12 +386,18 @@ impl RelayMetrics {
             "Records past their ordered part that wait for acknowledgements (Kafka's of their outputs, a process's of its delivery), per flow",
             awaiting_ack.clone(),
         );
+        registry.register(
+            "delivery_lines_recovering",
+            "Lines of a cluster flow's deliveries (one process, partition and key) going one at a time after a failed attempt, until the failed ones are delivered or dead-lettered, per flow",
+            lines_recovering.clone(),
+        );
         RelayMetrics {
             runtime_tasks,
             heap_in_use_bytes,
             heap_free_bytes,
             in_progress,
             awaiting_ack,
+            lines_recovering,
             cluster,
             client_auth,
             admin,
@@ -415,6 +428,7 @@ impl RelayMetrics {
             retried: self.retried.get_or_create(&labels).clone(),
             in_progress: self.in_progress.get_or_create(&labels).clone(),
             awaiting_ack: self.awaiting_ack.get_or_create(&labels).clone(),
+            lines_recovering: self.lines_recovering.get_or_create(&labels).clone(),
         }
     }
 

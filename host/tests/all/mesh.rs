@@ -1407,6 +1407,7 @@ fn delivery_policy() -> wasmrelay::cluster::DeliveryPolicy {
         initial_backoff: Duration::from_millis(50),
         max_backoff: Duration::from_millis(200),
         retried: Default::default(),
+        lines_recovering: Default::default(),
         order: wasmrelay::kafka::DeliveryOrder::Key,
     }
 }
