@@ -202,9 +202,13 @@ impl Default for RouteMap {
 
 impl RouteMap {
     fn shard(&self, key: &str) -> &RwLock<Shard> {
+        &self.shards[self.shard_index(key)]
+    }
+
+    fn shard_index(&self, key: &str) -> usize {
         // The top bits: the shard's own map uses another hasher.
         let index = (self.hasher.hash_one(key) >> (64 - SHARDS.trailing_zeros())) as usize;
-        &self.shards[index % SHARDS]
+        index % SHARDS
     }
 
     /// The route of `key`.
@@ -242,6 +246,51 @@ impl RouteMap {
             }
         }
         (old, result)
+    }
+
+    /// [`RouteMap::modify`] for many keys at once: `decide(i, route)` for
+    /// each item `i` of `0..count` (its key `key(i)`), the items of one
+    /// key in their order. The items are taken shard by shard, each shard's
+    /// under one hold of its lock, and the count of routes is updated once
+    /// per shard: no locked instruction between two items' lookups, so the
+    /// processor overlaps their cache misses (reading a large routes topic
+    /// is mostly those).
+    pub(super) fn modify_many<'k>(
+        &self,
+        count: usize,
+        key: impl Fn(usize) -> &'k str,
+        mut decide: impl FnMut(usize, Option<Route>) -> Change,
+    ) {
+        // Sorted by shard, then by item: a key's items keep their order.
+        let mut order: Vec<(usize, usize)> =
+            (0..count).map(|i| (self.shard_index(key(i)), i)).collect();
+        order.sort_unstable();
+        for run in order.chunk_by(|a, b| a.0 == b.0) {
+            let mut shard = write(&self.shards[run[0].0]);
+            let (mut added, mut removed) = (0usize, 0usize);
+            for &(_, i) in run {
+                let key = key(i);
+                match decide(i, shard.get(key)) {
+                    Change::Keep => {}
+                    Change::Put(route) => {
+                        if shard.insert(key, route).is_none() {
+                            added += 1;
+                        }
+                    }
+                    Change::Remove => {
+                        if shard.remove(key).is_some() {
+                            removed += 1;
+                        }
+                    }
+                }
+            }
+            drop(shard);
+            if added > removed {
+                self.len.fetch_add(added - removed, Ordering::Relaxed);
+            } else if removed > added {
+                self.len.fetch_sub(removed - added, Ordering::Relaxed);
+            }
+        }
     }
 
     /// Removes the routes `evict` says to, one shard at a time; returns
@@ -485,6 +534,55 @@ mod tests {
             generation,
             at: place(Some((0, offset))),
         }
+    }
+
+    #[test]
+    fn many_keys_change_shard_by_shard_each_key_in_its_order() {
+        let map = RouteMap::default();
+        let route = |node, generation| Route {
+            node,
+            generation,
+            at: 1,
+        };
+        map.modify("gone", |_| (Change::Put(route(1, 1)), ()));
+        // Two items of one key: the second sees the first's route.
+        let mut keys: Vec<String> = (0..500).map(|n| format!("process-{n}")).collect();
+        keys.push("process-7".to_string());
+        keys.push("gone".to_string());
+        keys.push("a-process-id-longer-than-fifteen-bytes".to_string());
+        let mut seen = vec![None; keys.len()];
+        map.modify_many(
+            keys.len(),
+            |i| keys[i].as_str(),
+            |i, old| {
+                seen[i] = old;
+                match keys[i].as_str() {
+                    "gone" => Change::Remove,
+                    "process-9" => Change::Keep,
+                    _ => Change::Put(route(2, i as u64)),
+                }
+            },
+        );
+        assert_eq!(seen[7], None);
+        assert_eq!(
+            seen[500],
+            Some(route(2, 7)),
+            "the key's first item came first"
+        );
+        assert_eq!(map.get("process-7"), Some(route(2, 500)));
+        assert_eq!(seen[501], Some(route(1, 1)));
+        assert_eq!(map.get("gone"), None);
+        assert_eq!(map.get("process-9"), None);
+        assert_eq!(
+            map.get("a-process-id-longer-than-fifteen-bytes"),
+            Some(route(2, 502))
+        );
+        // 500 keys, one kept out, one long one; "gone" is gone.
+        assert_eq!(map.len(), 500);
+        assert_eq!(
+            map.len(),
+            map.shards.iter().map(|s| read(s).len()).sum::<usize>()
+        );
     }
 
     #[test]

@@ -177,6 +177,34 @@ struct Seen<'a> {
     tombstone: bool,
 }
 
+/// A record of the routes topic checked and about to be applied.
+struct Checked<'r> {
+    process_id: &'r str,
+    partition: i32,
+    offset: i64,
+    what: CheckedKind<'r>,
+}
+
+/// A route or a tombstone, as [`Checked`] holds it.
+enum CheckedKind<'r> {
+    /// A route of `node`, interned in `new`.
+    Route {
+        node: std::borrow::Cow<'r, str>,
+        new: Route,
+    },
+    /// A tombstone of `writer`'s registration `generation`.
+    Tombstone { writer: &'r str, generation: u64 },
+}
+
+/// What applying a [`Checked`] record found and did to its process's route.
+#[derive(Clone, Copy, Default)]
+struct Outcome {
+    /// The route before.
+    old: Option<Route>,
+    /// A route stored, or the route a tombstone ends removed.
+    done: bool,
+}
+
 /// Why a route record was ignored (the `reason` label).
 fn reject(metrics: &ClusterMetrics, record: &RecordView<'_>, reason: &str, why: &str) {
     let key = String::from_utf8_lossy(record.key.unwrap_or_default());
@@ -470,22 +498,125 @@ impl RouteTable {
 
     /// Applies one record of the routes topic, read in place.
     pub fn apply_view(&self, record: &RecordView<'_>) {
+        self.apply_views(std::slice::from_ref(record));
+    }
+
+    /// Applies records of the routes topic, read in place, as if one after
+    /// the other in their order. Each is checked first (its MAC, its value);
+    /// then the routes change shard by shard ([`RouteMap::modify_many`]:
+    /// reading a large topic is mostly cache misses into the map, which
+    /// overlap when no lock is taken between two records); then what
+    /// follows from each (node counts, the local registrations) is done in
+    /// order.
+    pub fn apply_views(&self, records: &[RecordView<'_>]) {
+        let checked: Vec<Checked<'_>> = records
+            .iter()
+            .filter_map(|record| self.check(record))
+            .collect();
+        let mut outcomes = vec![Outcome::default(); checked.len()];
+        self.routes.modify_many(
+            checked.len(),
+            |i| checked[i].process_id,
+            |i, old| {
+                let (change, done) = match &checked[i].what {
+                    // Only the route it ends: same node, same generation.
+                    CheckedKind::Tombstone { writer, generation } => match old {
+                        Some(r) if r.generation == *generation && self.names(r.node, writer) => {
+                            (Change::Remove, true)
+                        }
+                        _ => (Change::Keep, false),
+                    },
+                    CheckedKind::Route { new, .. } => {
+                        if old.is_none_or(|r| r.order() < new.order()) {
+                            (Change::Put(*new), true)
+                        } else {
+                            (Change::Keep, false)
+                        }
+                    }
+                };
+                outcomes[i] = Outcome { old, done };
+                change
+            },
+        );
+        // One look at the local registrations for the batch while nothing
+        // is connected here (a node's catch-up at start).
+        let any_local = !lock(&self.local).by_process.is_empty();
+        for (record, outcome) in checked.iter().zip(outcomes) {
+            let process_id = record.process_id;
+            let local = if any_local {
+                self.local_route(process_id)
+            } else {
+                None
+            };
+            match &record.what {
+                CheckedKind::Tombstone { writer, generation } => {
+                    if let (true, Some(old)) = (outcome.done, outcome.old) {
+                        self.nodes.release([(old.node, 1)]);
+                    }
+                    self.reassert_if_held(
+                        process_id,
+                        local,
+                        &Seen {
+                            node: writer,
+                            generation: *generation,
+                            partition: record.partition,
+                            offset: record.offset,
+                            tombstone: true,
+                        },
+                    );
+                }
+                CheckedKind::Route { node, new } => {
+                    let newer = outcome.done;
+                    self.settle(new.node, newer, outcome.old);
+                    if !newer {
+                        // A registration older than the route known (a
+                        // record written again, or one that lost a race):
+                        // not news.
+                        tracing::debug!(process = %process_id, generation = new.generation, offset = record.offset, "ignoring a route older than the one known");
+                    }
+                    if newer && *node != self.self_id {
+                        let position = (new.generation, record.partition, record.offset);
+                        self.replace_if_older(process_id, local, node, position);
+                    }
+                    self.reassert_if_held(
+                        process_id,
+                        local,
+                        &Seen {
+                            node,
+                            generation: new.generation,
+                            partition: record.partition,
+                            offset: record.offset,
+                            tombstone: false,
+                        },
+                    );
+                }
+            }
+        }
+        self.metrics
+            .routes
+            .set(i64::try_from(self.len()).unwrap_or(i64::MAX));
+    }
+
+    /// A record checked (UTF-8 key, MAC, value) and ready to apply; `None`
+    /// (logged and counted) when it is to be ignored. A route's node is
+    /// interned here, counted as one of its routes until
+    /// [`RouteTable::settle`].
+    fn check<'r>(&self, record: &RecordView<'r>) -> Option<Checked<'r>> {
         let Some(process_id) = record.key.and_then(|k| std::str::from_utf8(k).ok()) else {
             tracing::warn!(
                 offset = record.offset,
                 partition = record.partition,
                 "ignoring a route record without a UTF-8 key"
             );
-            return;
+            return None;
         };
-        let mac = record.header(MAC_HEADER);
-        let Some(mac) = mac else {
+        let Some(mac) = record.header(MAC_HEADER) else {
             reject(&self.metrics, record, "missing_mac", "it carries no MAC");
-            return;
+            return None;
         };
         let bad_mac =
             "its MAC does not verify (forged, altered, or made with another cluster secret)";
-        match record.value {
+        let what = match record.value {
             None => {
                 let writer = record
                     .header(ROUTE_NODE_HEADER)
@@ -501,7 +632,7 @@ impl RouteTable {
                         "malformed",
                         "a tombstone must name its node and generation",
                     );
-                    return;
+                    return None;
                 };
                 if !verify_record_mac(
                     &self.key,
@@ -514,34 +645,14 @@ impl RouteTable {
                     mac,
                 ) {
                     reject(&self.metrics, record, "bad_mac", bad_mac);
-                    return;
+                    return None;
                 }
-                // Only the route it ends: same node, same generation.
-                let (_, removed) = self.routes.modify(process_id, |old| match old {
-                    Some(r) if r.generation == generation && self.names(r.node, writer) => {
-                        (Change::Remove, Some(r.node))
-                    }
-                    _ => (Change::Keep, None),
-                });
-                if let Some(node) = removed {
-                    self.nodes.release([(node, 1)]);
-                }
-                self.reassert_if_held(
-                    process_id,
-                    self.local_route(process_id),
-                    &Seen {
-                        node: writer,
-                        generation,
-                        partition: record.partition,
-                        offset: record.offset,
-                        tombstone: true,
-                    },
-                );
+                CheckedKind::Tombstone { writer, generation }
             }
             Some(value) => {
                 if !verify_record_mac(&self.key, ROUTE_KIND, &[process_id.as_bytes(), value], mac) {
                     reject(&self.metrics, record, "bad_mac", bad_mac);
-                    return;
+                    return None;
                 }
                 // JSON is UTF-8 throughout: serde_json skips unknown fields
                 // of a slice without checking their strings.
@@ -559,48 +670,26 @@ impl RouteTable {
                             "malformed",
                             &format!("it is not valid JSON: {error}"),
                         );
-                        return;
+                        return None;
                     }
                 };
-                let position = (route.generation, record.partition, record.offset);
                 let new = Route {
                     node: self.intern(&route.node),
                     generation: route.generation,
                     at: place(Some((record.partition, record.offset))),
                 };
-                let (old, newer) = self.routes.modify(process_id, |old| {
-                    if old.is_none_or(|r| r.order() < new.order()) {
-                        (Change::Put(new), true)
-                    } else {
-                        (Change::Keep, false)
-                    }
-                });
-                self.settle(new.node, newer, old);
-                if !newer {
-                    // A registration older than the route known (a record
-                    // written again, or one that lost a race): not news.
-                    tracing::debug!(process = %process_id, generation = route.generation, offset = record.offset, "ignoring a route older than the one known");
+                CheckedKind::Route {
+                    node: route.node,
+                    new,
                 }
-                let local = self.local_route(process_id);
-                if newer && route.node != self.self_id {
-                    self.replace_if_older(process_id, local, &route.node, position);
-                }
-                self.reassert_if_held(
-                    process_id,
-                    local,
-                    &Seen {
-                        node: &route.node,
-                        generation: route.generation,
-                        partition: record.partition,
-                        offset: record.offset,
-                        tombstone: false,
-                    },
-                );
             }
-        }
-        self.metrics
-            .routes
-            .set(i64::try_from(self.len()).unwrap_or(i64::MAX));
+        };
+        Some(Checked {
+            process_id,
+            partition: record.partition,
+            offset: record.offset,
+            what,
+        })
     }
 
     /// The registration of `process_id` here, if it is connected here (one
@@ -1016,18 +1105,23 @@ pub fn apply_to_table(table: Arc<RouteTable>, read: Arc<AtomicU64>) -> TailSink 
     let mut drop_once = std::env::var(DROP_ROUTE_ONCE_ENV).ok();
     TailSink::ApplyWhenSized(Box::new(move |records_at_start| {
         table.reserve(records_at_start.unwrap_or_default());
-        Box::new(move |record| {
-            read.fetch_add(1, Ordering::Relaxed);
-            if record.value.is_some()
-                && drop_once
-                    .as_deref()
-                    .is_some_and(|p| record.key == Some(p.as_bytes()))
-            {
-                drop_once = None;
-                tracing::warn!(process = ?String::from_utf8_lossy(record.key.unwrap_or_default()), offset = record.offset, "dropping a route record ({DROP_ROUTE_ONCE_ENV})");
-                return;
+        Box::new(move |records: &[RecordView<'_>]| {
+            read.fetch_add(records.len() as u64, Ordering::Relaxed);
+            let dropped = drop_once.as_deref().and_then(|process| {
+                records.iter().position(|record| {
+                    record.value.is_some() && record.key == Some(process.as_bytes())
+                })
+            });
+            match dropped {
+                None => table.apply_views(records),
+                Some(at) => {
+                    drop_once = None;
+                    let record = &records[at];
+                    tracing::warn!(process = ?String::from_utf8_lossy(record.key.unwrap_or_default()), offset = record.offset, "dropping a route record ({DROP_ROUTE_ONCE_ENV})");
+                    table.apply_views(&records[..at]);
+                    table.apply_views(&records[at + 1..]);
+                }
             }
-            table.apply_view(&record);
         })
     }))
 }
@@ -1253,6 +1347,62 @@ mod tests {
         ));
         assert_eq!(table.lookup("r"), None);
         assert_eq!(rejected(&table, "malformed"), 2);
+    }
+
+    #[test]
+    fn records_applied_in_one_batch_end_as_if_applied_one_at_a_time() {
+        // Many processes (all shards), some with several records in the
+        // batch: routes replacing routes, an older one after a newer one,
+        // tombstones that end the route and one that does not, a forgery.
+        let mut records = Vec::new();
+        for n in 0..300i64 {
+            let process = format!("p-{n}");
+            records.push(route(&process, "b", 3 * n + 1));
+            match n % 5 {
+                0 => records.push(route(&process, "c", 3 * n + 2)),
+                1 => records.push(tombstone(&process, "b", (3 * n + 1) as u64, 3 * n + 2)),
+                2 => records.push(tombstone(&process, "c", (3 * n + 1) as u64, 3 * n + 2)),
+                3 => records.push(route_of_generation(&process, "c", 0, 3 * n + 2)),
+                _ => {
+                    let mut forged = route(&process, "c", 3 * n + 2);
+                    forged.headers[0].1[0] ^= 1;
+                    records.push(forged);
+                }
+            }
+        }
+        let live = view(&[("a", true), ("b", true), ("c", true)]);
+        let one_by_one = table();
+        one_by_one.follow_view(&live);
+        for record in &records {
+            one_by_one.apply(record);
+        }
+        let batched = table();
+        batched.follow_view(&live);
+        let views: Vec<RecordView<'_>> = records.iter().map(InputRecord::view).collect();
+        batched.apply_views(&views);
+        for n in 0..300 {
+            let process = format!("p-{n}");
+            assert_eq!(
+                batched.lookup(&process),
+                one_by_one.lookup(&process),
+                "{process}"
+            );
+        }
+        assert_eq!(batched.len(), one_by_one.len());
+        assert_eq!(
+            batched.len(),
+            240,
+            "the 60 ended by their tombstone are gone"
+        );
+        assert_eq!(batched.lookup("p-0").as_deref(), Some("c"));
+        assert_eq!(
+            batched.lookup("p-3").as_deref(),
+            Some("b"),
+            "older after newer"
+        );
+        assert_eq!(rejected(&batched, "bad_mac"), 60);
+        // Each node counts the routes that name it, as one by one.
+        assert_eq!(batched.nodes.len(), one_by_one.nodes.len());
     }
 
     #[test]

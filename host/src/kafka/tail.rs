@@ -35,7 +35,7 @@ use std::time::Duration;
 use anyhow::Context as _;
 use rdkafka::consumer::{BaseConsumer, Consumer as _, ConsumerContext};
 use rdkafka::error::KafkaError;
-use rdkafka::message::Message as _;
+use rdkafka::message::{BorrowedMessage, Message as _};
 use rdkafka::{ClientContext, Offset, TopicPartitionList};
 use tokio::sync::mpsc;
 
@@ -72,9 +72,15 @@ pub enum TailEvent {
     },
 }
 
-/// A function a [`TailSink::Apply`] tail calls with each record, on its
-/// reader thread.
-pub type ApplyRecord = Box<dyn FnMut(RecordView<'_>) + Send>;
+/// A function a [`TailSink::Apply`] tail calls with the records, on its
+/// reader thread: those ready together (at most [`APPLY_BATCH`]), in the
+/// order read.
+pub type ApplyRecord = Box<dyn FnMut(&[RecordView<'_>]) + Send>;
+
+/// The most records a [`TailSink::Apply`] tail hands over at once: those
+/// librdkafka has ready when the first arrives, so that applying them can
+/// be done a batch at a time (nothing waits to fill one).
+pub const APPLY_BATCH: usize = 256;
 
 /// Makes the [`ApplyRecord`] of a tail once the records the topic holds at
 /// start are known (see [`TopicTail::records_at_start`]): room for them can
@@ -85,9 +91,10 @@ pub type MakeApply = Box<dyn FnOnce(Option<u64>) -> ApplyRecord + Send>;
 pub enum TailSink {
     /// Sends a copy of each to the channel ([`TailEvent::Record`]).
     Send,
-    /// Calls the function with each, read in place; the channel gets only
-    /// [`TailEvent::CaughtUp`]. The function must not block for long:
-    /// the reader waits for it.
+    /// Calls the function with them, read in place, a batch at a time (the
+    /// records ready together); the channel gets only the other events
+    /// ([`TailEvent::CaughtUp`], [`TailEvent::Missed`]). The function must
+    /// not block for long: the reader waits for it.
     Apply(ApplyRecord),
     /// As [`TailSink::Apply`], with the function made before reading starts.
     ApplyWhenSized(MakeApply),
@@ -387,10 +394,18 @@ fn poll_loop(
     let mut last_error: Option<String> = None;
     let started = std::time::Instant::now();
     let mut stats = ReadStats::default();
+    // What a poll for more records of a batch got instead, handled next.
+    let mut carried = None;
     while !stop.load(Ordering::SeqCst) {
-        let polled_at = std::time::Instant::now();
-        let polled = consumer.poll(POLL);
-        stats.polling += polled_at.elapsed();
+        let polled = match carried.take() {
+            Some(polled) => Some(polled),
+            None => {
+                let polled_at = std::time::Instant::now();
+                let polled = consumer.poll(POLL);
+                stats.polling += polled_at.elapsed();
+                polled
+            }
+        };
         let event = match polled {
             None => {
                 stats.empty_polls += 1;
@@ -398,20 +413,15 @@ fn poll_loop(
             }
             Some(Ok(message)) => {
                 last_error = None;
-                if caught_up
-                    && skip_once
-                        .as_deref()
-                        .is_some_and(|key| message.key() == Some(key))
-                {
-                    skip_once = None;
-                    tracing::warn!(%topic, partition = message.partition(), offset = message.offset(), "skipping a record as if the broker had not delivered it ({SKIP_ONCE_ENV})");
+                if skips(&mut skip_once, caught_up, topic, &message) {
                     continue;
                 }
-                stats.records += 1;
-                let missed = gaps.record(message.partition(), message.offset());
                 let handled_at = std::time::Instant::now();
+                let mut missed = Vec::new();
                 match &mut sink {
                     TailSink::Send => {
+                        stats.records += 1;
+                        missed.extend(gaps.record(message.partition(), message.offset()));
                         let record = InputRecord::from_borrowed(&message);
                         // librdkafka's buffer goes back before the wait.
                         drop(message);
@@ -419,15 +429,42 @@ fn poll_loop(
                             return;
                         }
                     }
-                    TailSink::Apply(apply) => apply(RecordView::of_message(&message)),
+                    TailSink::Apply(apply) => {
+                        // With the records librdkafka has ready now.
+                        let mut batch = vec![message];
+                        while batch.len() < APPLY_BATCH {
+                            match consumer.poll(Duration::ZERO) {
+                                Some(Ok(message)) => {
+                                    if !skips(&mut skip_once, caught_up, topic, &message) {
+                                        batch.push(message);
+                                    }
+                                }
+                                other => {
+                                    carried = other;
+                                    break;
+                                }
+                            }
+                        }
+                        stats.records += batch.len() as u64;
+                        missed.extend(
+                            batch
+                                .iter()
+                                .filter_map(|m| gaps.record(m.partition(), m.offset())),
+                        );
+                        let views: Vec<RecordView<'_>> =
+                            batch.iter().map(RecordView::of_message).collect();
+                        apply(&views);
+                    }
                     // Made into `Apply` before the thread starts.
                     TailSink::ApplyWhenSized(_) => {}
                 }
                 stats.handling += handled_at.elapsed();
-                match missed {
-                    Some(event) => event,
-                    None => continue,
+                for event in missed {
+                    if events.blocking_send(event).is_err() {
+                        return;
+                    }
                 }
+                continue;
             }
             Some(Err(KafkaError::PartitionEOF(partition))) => {
                 gaps.at_end(partition);
@@ -453,6 +490,25 @@ fn poll_loop(
             return;
         }
     }
+}
+
+/// Whether `message` is the one [`SKIP_ONCE_ENV`] names, read after the
+/// catch-up: it is skipped (once) as if the broker had not delivered it.
+fn skips(
+    skip_once: &mut Option<Vec<u8>>,
+    caught_up: bool,
+    topic: &str,
+    message: &BorrowedMessage<'_>,
+) -> bool {
+    let named = skip_once
+        .as_deref()
+        .is_some_and(|key| message.key() == Some(key));
+    if !caught_up || !named {
+        return false;
+    }
+    *skip_once = None;
+    tracing::warn!(%topic, partition = message.partition(), offset = message.offset(), "skipping a record as if the broker had not delivered it ({SKIP_ONCE_ENV})");
+    true
 }
 
 #[cfg(test)]
