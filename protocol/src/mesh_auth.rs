@@ -8,9 +8,11 @@
 //! ids, a fresh nonce and its clock; the acceptor answers with an HMAC over
 //! both nonces. Both then derive a session key per direction from the two
 //! nonces and node ids ([`SessionKeys`]); [`MeshCodec`] seals every frame
-//! after the handshake in a `MeshSealed` with a MAC and a sequence number,
-//! so a man in the middle that relays the handshake gets a link it can
-//! neither read into nor write on. The exact texts are in
+//! after the handshake in a `MeshSealed` with a MAC and a sequence number
+//! (the frames a writer hands over together, a [`FrameBatch`], under one
+//! MAC and number when the peer said it takes that), so a man in the
+//! middle that relays the handshake gets a link it can neither read into
+//! nor write on. The exact texts are in
 //! `proto/wasmrelay.proto` (`MeshHello`, `MeshWelcome`, `MeshSealed`) so
 //! that other implementations can interoperate; the record MAC is
 //! [`record_mac`].
@@ -18,9 +20,12 @@
 //! Owns the cryptography and the sealed framing; does not own the link's
 //! life (the host's mesh) nor what a record means (membership, routes).
 
-use bytes::BytesMut;
+use std::collections::VecDeque;
+
+use bytes::{Bytes, BytesMut};
 use hmac::{Hmac, Mac as _};
 use prost::Message as _;
+use prost::encoding::encoded_len_varint;
 use sha2::Sha256;
 use tokio_util::codec::{Decoder, Encoder};
 
@@ -269,19 +274,43 @@ pub fn seal(key: &Key, seq: u64, frame: &Frame) -> Frame {
         seq,
         frame: inner.into(),
         mac: mac.into(),
+        frames: Vec::new(),
     }))
 }
 
 /// The size of the `MeshSealed` frame carrying a frame of `inner_len`
 /// bytes, at most (the sequence number taken at its longest).
 pub fn sealed_len(inner_len: usize) -> usize {
-    use prost::encoding::encoded_len_varint;
-    let sealed = (1 + encoded_len_varint(u64::MAX))
-        + (1 + encoded_len_varint(inner_len as u64) + inner_len)
-        + (1 + encoded_len_varint(MAC_BYTES as u64) + MAC_BYTES);
-    // Field 24 of `Frame`: a two-byte tag.
-    2 + encoded_len_varint(sealed as u64) + sealed
+    sealed_batch_len(inner_len as u64 + 1 + encoded_len_varint(inner_len as u64) as u64) as usize
 }
+
+/// The size of a `MeshSealed` frame whose frame fields (`frame` or each of
+/// `frames`, with their tags and lengths) take `fields` bytes, at most.
+fn sealed_batch_len(fields: u64) -> u64 {
+    let sealed = (1 + encoded_len_varint(u64::MAX) as u64)
+        + fields
+        + (1 + encoded_len_varint(MAC_BYTES as u64) + MAC_BYTES) as u64;
+    // Field 24 of `Frame`: a two-byte tag.
+    2 + encoded_len_varint(sealed) as u64 + sealed
+}
+
+/// The MAC of a `MeshSealed` carrying `frames` (see the proto).
+fn sealed_batch_mac(key: &Key, seq: u64, frames: &[Bytes]) -> HmacSha256 {
+    let mut mac = key.mac();
+    mac.update(&seq.to_be_bytes());
+    mac.update(&[0]);
+    for frame in frames {
+        mac.update(&(frame.len() as u32).to_be_bytes());
+        mac.update(frame);
+    }
+    mac
+}
+
+/// Frames to send together: to a peer that takes them
+/// ([`MeshCodec::send_batches`]), sealed in as few `MeshSealed` frames as
+/// the size limit allows, one MAC each; otherwise one by one.
+#[derive(Debug, Default)]
+pub struct FrameBatch(pub Vec<Frame>);
 
 /// What was wrong with what arrived on (or was to be sent on) a mesh link.
 #[derive(Debug, thiserror::Error)]
@@ -362,6 +391,10 @@ pub struct MeshCodec {
     frames: FrameCodec,
     send: Option<Direction>,
     receive: Option<Direction>,
+    /// Whether the peer takes batches ([`FrameBatch`]).
+    batches_out: bool,
+    /// Frames of a batch opened and not returned yet.
+    opened: VecDeque<Frame>,
 }
 
 impl MeshCodec {
@@ -371,7 +404,15 @@ impl MeshCodec {
             frames: FrameCodec::new(max_frame_bytes),
             send: None,
             receive: None,
+            batches_out: false,
+            opened: VecDeque::new(),
         }
+    }
+
+    /// Whether a [`FrameBatch`] may go out sealed as one frame: set after
+    /// the handshake when the peer said it takes them.
+    pub fn send_batches(&mut self, peer_takes_them: bool) {
+        self.batches_out = peer_takes_them;
     }
 
     /// From now on seals what is sent with `send` and accepts only frames
@@ -408,31 +449,55 @@ impl MeshCodec {
                 got: sealed.seq,
             });
         }
-        sealed_mac(&receive.key, sealed.seq, &sealed.frame)
-            .verify_slice(&sealed.mac)
-            .map_err(|_| MeshWireError::BadMac { seq: sealed.seq })?;
-        receive.next += 1;
         let seq = sealed.seq;
-        let inner = Frame::decode(sealed.frame).map_err(|e| MeshWireError::BadInner {
-            seq,
-            reason: e.to_string(),
-        })?;
-        match &inner.kind {
-            None => Err(MeshWireError::BadInner {
-                seq,
-                reason: "a frame with no kind this version knows".to_string(),
-            }),
-            Some(Kind::MeshSealed(_) | Kind::MeshHello(_) | Kind::MeshWelcome(_)) => {
-                Err(MeshWireError::BadInner {
-                    seq,
-                    reason: format!("a {} frame may not be sealed", inner.kind_name()),
-                })
-            }
-            // Forward, ForwardAck, MeshLookup, MeshLookupAnswer,
-            // MeshRecordsMissed, Ping, Pong, Error: which way each may go is
-            // for the link to judge.
-            Some(_) => Ok(inner),
+        if sealed.frames.is_empty() {
+            sealed_mac(&receive.key, seq, &sealed.frame)
+                .verify_slice(&sealed.mac)
+                .map_err(|_| MeshWireError::BadMac { seq })?;
+            receive.next += 1;
+            return open_inner(seq, sealed.frame);
         }
+        sealed_batch_mac(&receive.key, seq, &sealed.frames)
+            .verify_slice(&sealed.mac)
+            .map_err(|_| MeshWireError::BadMac { seq })?;
+        receive.next += 1;
+        if !sealed.frame.is_empty() {
+            return Err(MeshWireError::BadInner {
+                seq,
+                reason: "both `frame` and `frames` are set".to_string(),
+            });
+        }
+        let mut frames = sealed.frames.into_iter();
+        let first = open_inner(seq, frames.next().expect("not empty"))?;
+        for frame in frames {
+            let frame = open_inner(seq, frame)?;
+            self.opened.push_back(frame);
+        }
+        Ok(first)
+    }
+}
+
+/// The frame carried in sealed frame `seq`, if it is one that may be.
+fn open_inner(seq: u64, bytes: Bytes) -> Result<Frame, MeshWireError> {
+    let inner = Frame::decode(bytes).map_err(|e| MeshWireError::BadInner {
+        seq,
+        reason: e.to_string(),
+    })?;
+    match &inner.kind {
+        None => Err(MeshWireError::BadInner {
+            seq,
+            reason: "a frame with no kind this version knows".to_string(),
+        }),
+        Some(Kind::MeshSealed(_) | Kind::MeshHello(_) | Kind::MeshWelcome(_)) => {
+            Err(MeshWireError::BadInner {
+                seq,
+                reason: format!("a {} frame may not be sealed", inner.kind_name()),
+            })
+        }
+        // Forward, ForwardAck, MeshLookup, MeshLookupAnswer,
+        // MeshRecordsMissed, Ping, Pong, Error: which way each may go is
+        // for the link to judge.
+        Some(_) => Ok(inner),
     }
 }
 
@@ -441,6 +506,9 @@ impl Decoder for MeshCodec {
     type Error = MeshWireError;
 
     fn decode(&mut self, src: &mut BytesMut) -> Result<Option<Frame>, MeshWireError> {
+        if let Some(frame) = self.opened.pop_front() {
+            return Ok(Some(frame));
+        }
         match self.frames.decode(src)? {
             Some(frame) => self.open(frame).map(Some),
             None => Ok(None),
@@ -448,6 +516,9 @@ impl Decoder for MeshCodec {
     }
 
     fn decode_eof(&mut self, src: &mut BytesMut) -> Result<Option<Frame>, MeshWireError> {
+        if let Some(frame) = self.opened.pop_front() {
+            return Ok(Some(frame));
+        }
         match self.frames.decode_eof(src)? {
             Some(frame) => self.open(frame).map(Some),
             None => Ok(None),
@@ -464,6 +535,71 @@ impl Encoder<Frame> for MeshCodec {
         };
         let sealed = seal(&send.key, send.next, &frame);
         self.frames.encode_frame(&sealed, dst)?;
+        send.next += 1;
+        Ok(())
+    }
+}
+
+impl Encoder<FrameBatch> for MeshCodec {
+    type Error = MeshWireError;
+
+    fn encode(&mut self, batch: FrameBatch, dst: &mut BytesMut) -> Result<(), MeshWireError> {
+        if !self.batches_out || self.send.is_none() || batch.0.len() < 2 {
+            for frame in batch.0 {
+                Encoder::<Frame>::encode(self, frame, dst)?;
+            }
+            return Ok(());
+        }
+        // Each frame encoded once, into one buffer the sealed frames share.
+        let max = self.frames.max_frame_bytes() as u64;
+        let mut encoded = BytesMut::with_capacity(batch.0.iter().map(|f| f.encoded_len()).sum());
+        let mut group: Vec<Bytes> = Vec::new();
+        let mut fields = 0u64;
+        for frame in &batch.0 {
+            frame
+                .encode(&mut encoded)
+                .map_err(|e| MeshWireError::Codec(CodecError::Io(std::io::Error::other(e))))?;
+            let inner = encoded.split().freeze();
+            let field = 1 + encoded_len_varint(inner.len() as u64) as u64 + inner.len() as u64;
+            if !group.is_empty() && sealed_batch_len(fields + field) > max {
+                self.seal_group(std::mem::take(&mut group), dst)?;
+                fields = 0;
+            }
+            fields += field;
+            group.push(inner);
+        }
+        self.seal_group(group, dst)
+    }
+}
+
+impl MeshCodec {
+    /// Writes `frames` (encoded) as one sealed frame.
+    fn seal_group(&mut self, frames: Vec<Bytes>, dst: &mut BytesMut) -> Result<(), MeshWireError> {
+        let send = self.send.as_mut().expect("sealing");
+        let sealed = if frames.len() == 1 {
+            let frame = frames.into_iter().next().expect("one");
+            let mac = sealed_mac(&send.key, send.next, &frame)
+                .finalize()
+                .into_bytes();
+            MeshSealed {
+                seq: send.next,
+                frame,
+                mac: Bytes::copy_from_slice(&mac),
+                frames: Vec::new(),
+            }
+        } else {
+            let mac = sealed_batch_mac(&send.key, send.next, &frames)
+                .finalize()
+                .into_bytes();
+            MeshSealed {
+                seq: send.next,
+                frame: Bytes::new(),
+                mac: Bytes::copy_from_slice(&mac),
+                frames,
+            }
+        };
+        self.frames
+            .encode_frame(&Frame::of(Kind::MeshSealed(sealed)), dst)?;
         send.next += 1;
         Ok(())
     }
@@ -496,7 +632,7 @@ fn record_hmac(key: &Key, kind: &str, parts: &[&[u8]]) -> HmacSha256 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::v1::{MeshHello, MeshWelcome, Ping};
+    use crate::v1::{MeshHello, MeshSealed, MeshWelcome, Ping};
 
     fn hello(secret: &[u8], time_ms: i64) -> MeshHello {
         let nonce = vec![7; 16];
@@ -507,6 +643,7 @@ mod tests {
             mac: hello_mac(secret, "a", "b", &nonce, time_ms).into(),
             nonce: nonce.into(),
             time_ms,
+            takes_sealed_batches: true,
         }
     }
 
@@ -537,6 +674,7 @@ mod tests {
             node_id: "b".to_string(),
             mac: welcome_mac(b"s", "b", "a", &dialer_nonce, &nonce).into(),
             nonce: nonce.to_vec().into(),
+            takes_sealed_batches: true,
         };
         assert!(verify_welcome(b"s", &welcome, "a", &dialer_nonce).is_ok());
         assert!(verify_welcome(b"x", &welcome, "a", &dialer_nonce).is_err());
@@ -689,6 +827,137 @@ mod tests {
         let error = dialer.encode(big, &mut BytesMut::new()).unwrap_err();
         assert!(
             matches!(error, MeshWireError::Codec(CodecError::TooLarge { .. })),
+            "{error}"
+        );
+    }
+
+    fn encode_batch(codec: &mut MeshCodec, frames: Vec<Frame>) -> BytesMut {
+        let mut bytes = BytesMut::new();
+        codec.encode(FrameBatch(frames), &mut bytes).unwrap();
+        bytes
+    }
+
+    /// The `MeshSealed` frames in `bytes`, unopened.
+    fn sealed_frames(bytes: &BytesMut) -> Vec<MeshSealed> {
+        let mut bytes = bytes.clone();
+        let mut sealed = Vec::new();
+        while let Some(frame) = FrameCodec::new(1024).decode(&mut bytes).unwrap() {
+            match frame.kind {
+                Some(Kind::MeshSealed(one)) => sealed.push(one),
+                other => panic!("expected a MeshSealed, got {other:?}"),
+            }
+        }
+        sealed
+    }
+
+    #[test]
+    fn a_batch_goes_under_one_seal_to_a_peer_that_takes_them_and_frame_by_frame_otherwise() {
+        let pings: Vec<Frame> = (0..5).map(ping).collect();
+        for takes in [false, true] {
+            let (mut dialer, mut acceptor) = linked_codecs(b"s");
+            dialer.send_batches(takes);
+            let mut bytes = encode_batch(&mut dialer, pings.clone());
+            let sealed = sealed_frames(&bytes);
+            if takes {
+                assert_eq!(sealed.len(), 1);
+                assert_eq!(sealed[0].seq, 1);
+                assert_eq!(sealed[0].frames.len(), 5);
+                assert!(sealed[0].frame.is_empty());
+            } else {
+                assert_eq!(sealed.len(), 5);
+                assert!(sealed.iter().all(|one| one.frames.is_empty()));
+                assert_eq!(
+                    sealed.iter().map(|one| one.seq).collect::<Vec<_>>(),
+                    [1, 2, 3, 4, 5]
+                );
+            }
+            // Opened frame by frame, in order; the next seal follows on.
+            let mut opened = Vec::new();
+            while let Some(frame) = acceptor.decode(&mut bytes).unwrap() {
+                opened.push(frame);
+            }
+            assert_eq!(opened, pings);
+            let mut bytes = encode(&mut dialer, ping(9));
+            assert_eq!(acceptor.decode(&mut bytes).unwrap(), Some(ping(9)));
+        }
+    }
+
+    #[test]
+    fn a_batch_larger_than_a_frame_may_be_is_sealed_in_several_that_fit() {
+        let (mut dialer, mut acceptor) = linked_codecs(b"s");
+        dialer.send_batches(true);
+        // Each about 300 bytes sealed: three fit in 1,024, not four.
+        let errors: Vec<Frame> = (0..10)
+            .map(|n| Frame::error(ErrorCode::BadFrame, format!("{n}{}", "x".repeat(250))))
+            .collect();
+        let mut bytes = encode_batch(&mut dialer, errors.clone());
+        let sealed = sealed_frames(&bytes);
+        assert!(
+            sealed.len() > 1 && sealed.len() < 10,
+            "{} sealed",
+            sealed.len()
+        );
+        assert_eq!(
+            sealed
+                .iter()
+                .map(|one| one.frames.len().max(1))
+                .sum::<usize>(),
+            10
+        );
+        let mut opened = Vec::new();
+        while let Some(frame) = acceptor.decode(&mut bytes).unwrap() {
+            opened.push(frame);
+        }
+        assert_eq!(opened, errors);
+    }
+
+    #[test]
+    fn an_altered_reordered_or_mixed_batch_is_refused() {
+        let (mut dialer, _) = linked_codecs(b"s");
+        dialer.send_batches(true);
+        let bytes = encode_batch(&mut dialer, vec![ping(1), ping(2), ping(3)]);
+        let sealed = sealed_frames(&bytes).remove(0);
+        let reseal = |sealed: MeshSealed| {
+            let mut bytes = BytesMut::new();
+            FrameCodec::new(1024)
+                .encode_frame(&Frame::of(Kind::MeshSealed(sealed)), &mut bytes)
+                .unwrap();
+            bytes
+        };
+        let mut swapped = sealed.clone();
+        swapped.frames.swap(0, 1);
+        let mut dropped = sealed.clone();
+        dropped.frames.pop();
+        let mut moved = sealed.clone();
+        moved.frame = moved.frames.remove(0);
+        let mut joined = sealed.clone();
+        joined.frames = vec![joined.frames.concat().into()];
+        for altered in [swapped, dropped, moved, joined] {
+            let (_, mut acceptor) = linked_codecs(b"s");
+            let error = acceptor.decode(&mut reseal(altered)).unwrap_err();
+            assert!(matches!(error, MeshWireError::BadMac { seq: 1 }), "{error}");
+        }
+        // The MAC passes, but a sealed frame carries `frame` or `frames`.
+        let (mut dialer, mut acceptor) = linked_codecs(b"s");
+        let both = {
+            let frames: Vec<Bytes> = [ping(1), ping(2)]
+                .iter()
+                .map(|f| f.encode_to_vec().into())
+                .collect();
+            let mac = sealed_batch_mac(&dialer.send.as_ref().unwrap().key, 1, &frames)
+                .finalize()
+                .into_bytes();
+            MeshSealed {
+                seq: 1,
+                frame: ping(3).encode_to_vec().into(),
+                mac: Bytes::copy_from_slice(&mac),
+                frames,
+            }
+        };
+        let _ = &mut dialer;
+        let error = acceptor.decode(&mut reseal(both)).unwrap_err();
+        assert!(
+            matches!(error, MeshWireError::BadInner { seq: 1, .. }),
             "{error}"
         );
     }

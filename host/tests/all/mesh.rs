@@ -261,6 +261,8 @@ fn now_ms() -> i64 {
         .as_millis() as i64
 }
 
+/// A `MeshHello` from a dialer that takes no sealed batches (as a node of
+/// an earlier version).
 fn mesh_hello(from: &str, to: &str, secret: &[u8], nonce: [u8; 16], time_ms: i64) -> Frame {
     Frame::of(Kind::MeshHello(v1::MeshHello {
         protocol_version: 1,
@@ -269,6 +271,7 @@ fn mesh_hello(from: &str, to: &str, secret: &[u8], nonce: [u8; 16], time_ms: i64
         nonce: Bytes::copy_from_slice(&nonce),
         time_ms,
         mac: hello_mac(secret, from, to, &nonce, time_ms).into(),
+        takes_sealed_batches: false,
     }))
 }
 
@@ -282,13 +285,21 @@ async fn raw_mesh(node: &Node) -> MeshConn {
 /// A raw connection to `node`'s mesh port, authenticated as node `x`,
 /// sealing and opening frames from then on.
 async fn raw_linked(node: &Node, nonce: [u8; 16]) -> MeshConn {
+    raw_linked_taking_batches(node, nonce, false).await
+}
+
+/// [`raw_linked`], saying whether it takes sealed batches.
+async fn raw_linked_taking_batches(node: &Node, nonce: [u8; 16], takes: bool) -> MeshConn {
     let mut conn = raw_mesh(node).await;
-    conn.send(mesh_hello("x", &node.id, SECRET, nonce, now_ms()))
-        .await
-        .unwrap();
+    let mut hello = mesh_hello("x", &node.id, SECRET, nonce, now_ms());
+    if let Some(Kind::MeshHello(hello)) = &mut hello.kind {
+        hello.takes_sealed_batches = takes;
+    }
+    conn.send(hello).await.unwrap();
     match next(&mut conn).await.expect("closed").kind {
         Some(Kind::MeshWelcome(welcome)) => {
             assert_eq!(welcome.node_id, node.id);
+            assert!(welcome.takes_sealed_batches, "a node takes sealed batches");
             verify_welcome(SECRET, &welcome, "x", &nonce).unwrap();
             let keys = SessionKeys::derive(SECRET, "x", &node.id, &nonce, &welcome.nonce);
             conn.codec_mut().seal_with(keys.for_dialer());
@@ -872,6 +883,7 @@ async fn a_peer_that_stops_answering_is_dropped_after_three_keepalives_and_diall
                 node_id: "mute".to_string(),
                 mac: welcome_mac(SECRET, "mute", &hello.node_id, &hello.nonce, &nonce).into(),
                 nonce: Bytes::copy_from_slice(&nonce),
+                takes_sealed_batches: false,
             })))
             .await
             .unwrap();
@@ -924,6 +936,77 @@ async fn a_peer_that_stops_answering_is_dropped_after_three_keepalives_and_diall
         a.mesh.stats().links_established() >= 2
     })
     .await;
+}
+
+#[tokio::test]
+async fn an_accepted_link_that_sends_nothing_is_closed_after_three_keepalives() {
+    let b = start("b", SECRET).await;
+    // A dialer that pings every keepalive stays linked well past the
+    // timeout (the acceptor's timer moves with what it receives)...
+    let mut chatty = raw_linked(&b, [11; 16]).await;
+    for nonce in 0..8 {
+        tokio::time::sleep(KEEPALIVE).await;
+        chatty
+            .send(Frame::of(Kind::Ping(v1::Ping { nonce })))
+            .await
+            .unwrap();
+        match next(&mut chatty).await.expect("closed").kind {
+            Some(Kind::Pong(pong)) => assert_eq!(pong.nonce, nonce),
+            other => panic!("expected a Pong, got {other:?}"),
+        }
+    }
+    // ...and one that goes silent is told why and closed.
+    let started = tokio::time::Instant::now();
+    let why = expect_error_and_close(&mut chatty, ErrorCode::IdleTimeout).await;
+    assert!(why.contains("nothing received"), "{why}");
+    let silent = started.elapsed();
+    assert!(
+        silent >= KEEPALIVE * 3 - Duration::from_millis(50) && silent < KEEPALIVE * 10,
+        "closed after {silent:?} of silence"
+    );
+}
+
+#[tokio::test]
+async fn frames_are_sealed_in_batches_only_for_a_peer_that_takes_them() {
+    let b = start("b", SECRET).await;
+    for (takes, nonce) in [(false, [12; 16]), (true, [13; 16])] {
+        let mut conn = raw_linked_taking_batches(&b, nonce, takes).await;
+        for nonce in 0..200 {
+            conn.feed(Frame::of(Kind::Ping(v1::Ping { nonce })))
+                .await
+                .unwrap();
+        }
+        futures::SinkExt::<Frame>::flush(&mut conn).await.unwrap();
+        // Read what comes back without opening it: 200 pongs, in order.
+        let parts = conn.into_parts();
+        let mut raw_parts =
+            tokio_util::codec::FramedParts::new(parts.io, FrameCodec::new(MAX_FRAME));
+        raw_parts.read_buf = parts.read_buf;
+        let mut raw = Framed::from_parts(raw_parts);
+        let (mut pongs, mut batches) = (Vec::new(), 0);
+        while pongs.len() < 200 {
+            let frame = next(&mut raw).await.expect("closed before 200 pongs");
+            let Some(Kind::MeshSealed(sealed)) = frame.kind else {
+                panic!("expected a MeshSealed, got {frame:?}");
+            };
+            let carried = if sealed.frames.is_empty() {
+                vec![sealed.frame]
+            } else {
+                batches += 1;
+                sealed.frames
+            };
+            for bytes in carried {
+                match <Frame as prost::Message>::decode(bytes).unwrap().kind {
+                    Some(Kind::Pong(pong)) => pongs.push(pong.nonce),
+                    other => panic!("expected a Pong, got {other:?}"),
+                }
+            }
+        }
+        assert_eq!(pongs, (0..200).collect::<Vec<_>>());
+        if !takes {
+            assert_eq!(batches, 0, "a batch went to a peer that does not take them");
+        }
+    }
 }
 
 /// Which way a frame crosses the man in the middle.
@@ -1352,6 +1435,7 @@ async fn a_peer_that_never_answers_a_lookup_costs_the_timeout_and_nothing_stays_
             node_id: "x".to_string(),
             mac: welcome_mac(SECRET, "x", &hello.node_id, &hello.nonce, &nonce).into(),
             nonce: Bytes::copy_from_slice(&nonce),
+            takes_sealed_batches: false,
         })))
         .await
         .unwrap();

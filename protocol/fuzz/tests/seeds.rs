@@ -76,6 +76,7 @@ fn mesh_hello() -> Frame {
         nonce: Bytes::from_static(&[7; 16]),
         time_ms: 1_767_225_600_000,
         mac: Bytes::from_static(&[0xab; 32]),
+        takes_sealed_batches: true,
     }))
 }
 

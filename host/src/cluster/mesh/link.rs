@@ -457,6 +457,7 @@ async fn handshake(options: &MeshOptions, slot: &PeerSlot) -> Result<Conn, DialE
             time_ms,
         )
         .into(),
+        takes_sealed_batches: true,
     };
     conn.send(Frame::of(Kind::MeshHello(hello))).await?;
     let frame = conn.next().await.ok_or(DialError::Closed)??;
@@ -487,6 +488,7 @@ async fn handshake(options: &MeshOptions, slot: &PeerSlot) -> Result<Conn, DialE
                         &welcome.nonce,
                     );
                     conn.codec_mut().seal_with(keys.for_dialer());
+                    conn.codec_mut().send_batches(welcome.takes_sealed_batches);
                     Ok(conn)
                 }
                 Err(reason) => {

@@ -11,8 +11,10 @@
 //!
 //! A link starts with `MeshHello` / `MeshWelcome`, in which both sides prove
 //! they know the cluster secret and each adds a nonce; every frame after it,
-//! both ways, is sealed with a key of that link and direction and numbered,
-//! so a man in the middle that relays the handshake can neither alter nor
+//! both ways, is sealed with a key of that link and direction and numbered
+//! (the frames a link's writer finds queued together go under one seal when
+//! the peer said in the handshake that it takes that: one MAC for many
+//! forwards or answers), so a man in the middle that relays the handshake can neither alter nor
 //! answer a forward ([`wasmrelay_protocol::mesh_auth`]). Idle
 //! links are pinged; a link silent for three keepalive intervals is broken.
 //! A broken link resolves its forwards still waiting for an answer as

@@ -147,6 +147,7 @@ async fn serve_link(
         )
         .into(),
         nonce: Bytes::copy_from_slice(&nonce),
+        takes_sealed_batches: true,
     };
     if conn
         .send(Frame::of(Kind::MeshWelcome(welcome)))
@@ -164,6 +165,7 @@ async fn serve_link(
         &nonce,
     );
     conn.codec_mut().seal_with(keys.for_acceptor());
+    conn.codec_mut().send_batches(hello.takes_sealed_batches);
     bump(&stats.links_accepted);
     let from = hello.node_id;
     tracing::info!(peer = %from, %peer, "mesh link accepted");
@@ -171,21 +173,22 @@ async fn serve_link(
     let (sink, mut frames) = conn.split();
     let (queue, queue_rx) = mpsc::channel(options.link_queue.max(1));
     let closed = CancellationToken::new();
-    // Both handles are kept: the writer is awaited and the dispatcher
-    // aborted when the link ends.
+    // Kept: the writer is awaited when the link ends.
     #[allow(clippy::disallowed_methods)]
     let writer = tokio::spawn(wire::write_frames(sink, queue_rx, closed.clone()));
-    // Forwards go to the gateway in arrival order on a task of their own,
-    // which may wait for a busy process's capacity without stopping this
-    // loop (pings, other answers); the answers come back here to be sent.
-    let (dispatch, dispatch_rx) = mpsc::channel::<v1::Forward>(options.link_queue.max(1));
+    // Forwards go to the gateway in arrival order per process, each
+    // process's on a task of its own (its lane), which may wait for the
+    // process's capacity without stopping this loop (pings, other answers);
+    // the answers come back here to be sent.
     let (answers_tx, mut pending_answers) = mpsc::unbounded_channel::<BoxFuture<'static, Frame>>();
-    #[allow(clippy::disallowed_methods)]
-    let dispatcher = tokio::spawn(dispatch_forwards(mesh.clone(), dispatch_rx, answers_tx));
+    let mut lanes = ForwardLanes::new(mesh.clone(), answers_tx);
     let mut answers: FuturesUnordered<BoxFuture<'static, Frame>> = FuturesUnordered::new();
+    // The timer is moved only when it fires, to the last frame's time plus
+    // the timeout: not on every frame (a reset takes the timer's lock).
     let idle_timeout = keepalive(&options) * 3;
     let idle = tokio::time::sleep(idle_timeout);
     tokio::pin!(idle);
+    let mut last_received = Instant::now();
     let (reason, last_word) = loop {
         let next = tokio::select! {
             _ = shutdown.cancelled() => break (
@@ -204,12 +207,17 @@ async fn serve_link(
                 continue;
             }
             _ = &mut idle => {
-                let reason = format!("nothing received for {idle_timeout:?}");
-                break (reason.clone(), Some(Frame::error(ErrorCode::IdleTimeout, reason)));
+                let silent = last_received.elapsed();
+                if silent >= idle_timeout {
+                    let reason = format!("nothing received for {silent:?}");
+                    break (reason.clone(), Some(Frame::error(ErrorCode::IdleTimeout, reason)));
+                }
+                idle.as_mut().reset(last_received + idle_timeout);
+                continue;
             }
             next = frames.next() => next,
         };
-        idle.as_mut().reset(Instant::now() + idle_timeout);
+        last_received = Instant::now();
         let frame = match next {
             None => break ("the peer closed the link".to_string(), None),
             Some(Err(error)) => {
@@ -240,14 +248,8 @@ async fn serve_link(
                     message: Some(message),
                     ..forward
                 };
-                let queued = tokio::select! {
-                    queued = dispatch.send(forward) => queued.is_ok(),
-                    _ = closed.cancelled() => false,
-                };
-                if !queued {
-                    break ("the forward dispatcher stopped".to_string(), None);
-                }
-                None
+                // A refusal (the process's lane is full) is answered at once.
+                lanes.take(forward)
             }
             Some(Kind::MeshLookup(lookup)) => {
                 let generation = mesh.answer_lookup(&lookup.process_id);
@@ -306,7 +308,9 @@ async fn serve_link(
         tracing::debug!(peer = %from, %peer, %reason, "mesh link closed");
     }
     closed.cancel();
-    dispatcher.abort();
+    // A lane still waiting for its process's room stops there (the sender
+    // redelivers).
+    drop(lanes);
     match writer.await {
         Ok((sink, error)) => {
             if let Some(error) = error {
@@ -411,37 +415,43 @@ const LANE_LIMIT: usize = super::FORWARDS_WAITING_PER_PROCESS;
 /// ends, under the lock, once its lane is empty.
 type Lanes = Arc<Mutex<HashMap<String, std::collections::VecDeque<v1::Forward>>>>;
 
-/// Hands the link's forwards to the gateway, in arrival order per process
+/// Hands a link's forwards to the gateway, in arrival order per process
 /// and concurrently across processes, and sends back (as futures of their
-/// `ForwardAck`s) where each answer will come from.
-async fn dispatch_forwards(
+/// `ForwardAck`s) where each answer will come from. Dropping it stops the
+/// lanes.
+struct ForwardLanes {
     mesh: Arc<Mesh>,
-    mut forwards: mpsc::Receiver<v1::Forward>,
+    lanes: Lanes,
+    tasks: tokio::task::JoinSet<()>,
     answers: mpsc::UnboundedSender<BoxFuture<'static, Frame>>,
-) {
-    let lanes: Lanes = Arc::default();
-    // Dropped with this task when the link ends: a lane still waiting for
-    // its process's room stops there (the sender redelivers).
-    let mut tasks = tokio::task::JoinSet::new();
-    while let Some(forward) = forwards.recv().await {
-        while tasks.try_join_next().is_some() {}
+}
+
+impl ForwardLanes {
+    fn new(mesh: Arc<Mesh>, answers: mpsc::UnboundedSender<BoxFuture<'static, Frame>>) -> Self {
+        ForwardLanes {
+            mesh,
+            lanes: Arc::default(),
+            tasks: tokio::task::JoinSet::new(),
+            answers,
+        }
+    }
+
+    /// Queues `forward` in its process's lane (starting the lane's task if
+    /// it has none); the `ForwardAck` refusing it when the lane is full.
+    fn take(&mut self, forward: v1::Forward) -> Option<Frame> {
+        while self.tasks.try_join_next().is_some() {}
         let start_lane = {
-            let mut lanes = lock(&lanes);
+            let mut lanes = lock(&self.lanes);
             match lanes.get_mut(&forward.process_id) {
                 Some(lane) if lane.len() >= LANE_LIMIT => {
-                    let frame = Frame::of(Kind::ForwardAck(v1::ForwardAck {
+                    return Some(Frame::of(Kind::ForwardAck(v1::ForwardAck {
                         seq: forward.seq,
                         result: ForwardResult::Failed as i32,
                         reason: format!(
                             "process `{}` has {LANE_LIMIT} forwards waiting here already",
                             forward.process_id
                         ),
-                    }));
-                    drop(lanes);
-                    if answers.send(Box::pin(async move { frame })).is_err() {
-                        return;
-                    }
-                    continue;
+                    })));
                 }
                 Some(lane) => {
                     lane.push_back(forward);
@@ -458,16 +468,15 @@ async fn dispatch_forwards(
             }
         };
         if let Some(process_id) = start_lane {
-            tasks.spawn(run_lane(
-                mesh.clone(),
-                lanes.clone(),
+            self.tasks.spawn(run_lane(
+                self.mesh.clone(),
+                self.lanes.clone(),
                 process_id,
-                answers.clone(),
+                self.answers.clone(),
             ));
         }
+        None
     }
-    // The peer stopped sending: the lanes finish what they hold.
-    tasks.join_all().await;
 }
 
 /// Hands the forwards of `process_id`'s lane to the gateway in order until

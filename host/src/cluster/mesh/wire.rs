@@ -11,7 +11,7 @@ use tokio::sync::mpsc;
 use tokio_util::codec::Framed;
 use tokio_util::sync::CancellationToken;
 use wasmrelay_protocol::Frame;
-use wasmrelay_protocol::mesh_auth::{MeshCodec, MeshWireError};
+use wasmrelay_protocol::mesh_auth::{FrameBatch, MeshCodec, MeshWireError};
 
 /// How long the last frame to a closing peer may take to go out.
 const FAREWELL_TIMEOUT: Duration = Duration::from_secs(1);
@@ -22,17 +22,19 @@ const WRITE_BATCH: usize = 64;
 /// it (see [`MeshCodec`]).
 pub(super) type Conn = Framed<crate::net::Stream, MeshCodec>;
 /// The writing half of a mesh connection.
-pub(super) type Sink = SplitSink<Conn, Frame>;
+pub(super) type Sink = SplitSink<Conn, FrameBatch>;
 
 /// Writes the queued frames, flushing when the queue runs dry, until
-/// `closed` is cancelled or the queue's senders are gone. A failed write
-/// cancels `closed` (so the reader stops too) and is returned with the sink.
+/// `closed` is cancelled or the queue's senders are gone: those queued
+/// together (up to [`WRITE_BATCH`]) go as one batch, sealed as one frame
+/// when the peer takes that. A failed write cancels `closed` (so the reader
+/// stops too) and is returned with the sink.
 pub(super) async fn write_frames(
     mut sink: Sink,
     mut queue: mpsc::Receiver<Frame>,
     closed: CancellationToken,
 ) -> (Sink, Option<MeshWireError>) {
-    let error = 'outer: loop {
+    let error = loop {
         let frame = tokio::select! {
             biased;
             _ = closed.cancelled() => break None,
@@ -41,18 +43,14 @@ pub(super) async fn write_frames(
                 None => break None,
             },
         };
-        if let Err(error) = sink.feed(frame).await {
-            break Some(error);
-        }
-        for _ in 1..WRITE_BATCH {
+        let mut batch = vec![frame];
+        while batch.len() < WRITE_BATCH {
             let Ok(frame) = queue.try_recv() else {
                 break;
             };
-            if let Err(error) = sink.feed(frame).await {
-                break 'outer Some(error);
-            }
+            batch.push(frame);
         }
-        if let Err(error) = sink.flush().await {
+        if let Err(error) = sink.send(FrameBatch(batch)).await {
             break Some(error);
         }
     };
@@ -65,7 +63,7 @@ pub(super) async fn write_frames(
 /// Sends `last_word` (if any) and closes the sink, each within a second.
 pub(super) async fn farewell(mut sink: Sink, last_word: Option<Frame>) {
     if let Some(frame) = last_word {
-        let _ = tokio::time::timeout(FAREWELL_TIMEOUT, sink.send(frame)).await;
+        let _ = tokio::time::timeout(FAREWELL_TIMEOUT, sink.send(FrameBatch(vec![frame]))).await;
     }
     let _ = tokio::time::timeout(FAREWELL_TIMEOUT, sink.close()).await;
 }
@@ -75,5 +73,5 @@ pub(super) async fn refuse(conn: &mut Conn, last_word: Option<Frame>) {
     if let Some(frame) = last_word {
         let _ = tokio::time::timeout(FAREWELL_TIMEOUT, conn.send(frame)).await;
     }
-    let _ = tokio::time::timeout(FAREWELL_TIMEOUT, conn.close()).await;
+    let _ = tokio::time::timeout(FAREWELL_TIMEOUT, futures::SinkExt::<Frame>::close(conn)).await;
 }
