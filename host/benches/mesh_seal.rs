@@ -16,8 +16,6 @@
 #[path = "../tests/support/mod.rs"]
 mod support;
 
-use std::path::PathBuf;
-
 use bytes::{Bytes, BytesMut};
 use criterion::{Criterion, Throughput, criterion_group};
 use tokio_util::codec::{Decoder as _, Encoder as _};
@@ -103,21 +101,6 @@ fn bench_mesh_seal(c: &mut Criterion) {
 
 criterion_group!(benches, bench_mesh_seal);
 
-/// Reads criterion's point estimate (mean, ns per iteration) of one benchmark.
-fn mean_ns(group: &str, bench: &str) -> Option<f64> {
-    let target = std::env::var_os("CARGO_TARGET_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| support::repo_root().join("target"));
-    let path = target
-        .join("criterion")
-        .join(group.replace('/', "_"))
-        .join(bench)
-        .join("new/estimates.json");
-    let text = std::fs::read_to_string(path).ok()?;
-    let json: serde_json::Value = serde_json::from_str(&text).ok()?;
-    json["mean"]["point_estimate"].as_f64()
-}
-
 fn print_summary() {
     println!();
     println!("mesh frames sealed and opened, ns per frame (clone of the frames taken out)");
@@ -128,9 +111,9 @@ fn print_summary() {
     for kind in KINDS {
         let group = format!("mesh_seal/{kind}");
         let (Some(single), Some(batched), Some(clone)) = (
-            mean_ns(&group, "frame-by-frame"),
-            mean_ns(&group, "batched"),
-            mean_ns(&group, "clone-only"),
+            support::criterion_mean_ns(&group, "frame-by-frame"),
+            support::criterion_mean_ns(&group, "batched"),
+            support::criterion_mean_ns(&group, "clone-only"),
         ) else {
             println!("{kind}: no results (was the benchmark filtered out?)");
             continue;

@@ -18,7 +18,6 @@
 mod support;
 
 use std::hint::black_box;
-use std::path::PathBuf;
 use std::sync::Arc;
 
 use criterion::{BatchSize, Criterion, Throughput, criterion_group};
@@ -91,21 +90,6 @@ fn bench_plugin_call(c: &mut Criterion) {
 
 criterion_group!(benches, bench_plugin_call);
 
-/// Reads criterion's point estimate (mean, ns per iteration) of one benchmark.
-fn mean_ns(group: &str, bench: &str) -> Option<f64> {
-    let target = std::env::var_os("CARGO_TARGET_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| support::repo_root().join("target"));
-    let path = target
-        .join("criterion")
-        .join(group.replace('/', "_"))
-        .join(bench)
-        .join("new/estimates.json");
-    let text = std::fs::read_to_string(path).ok()?;
-    let json: serde_json::Value = serde_json::from_str(&text).ok()?;
-    json["mean"]["point_estimate"].as_f64()
-}
-
 fn print_summary() {
     println!();
     println!("plugin call cost per message (mean of criterion's samples)");
@@ -115,13 +99,14 @@ fn print_summary() {
     );
     for (label, _) in SIZES {
         let group = format!("plugin_call/{label}");
-        let Some(native) = mean_ns(&group, "native") else {
+        let Some(native) = support::criterion_mean_ns(&group, "native") else {
             println!("{label}: no results (was the benchmark filtered out?)");
             continue;
         };
-        let native_batch = mean_ns(&group, "native-batch-64").map(|ns| ns / BATCH as f64);
-        let single = mean_ns(&group, "wasm-single");
-        let batch = mean_ns(&group, "wasm-batch-64").map(|ns| ns / BATCH as f64);
+        let native_batch =
+            support::criterion_mean_ns(&group, "native-batch-64").map(|ns| ns / BATCH as f64);
+        let single = support::criterion_mean_ns(&group, "wasm-single");
+        let batch = support::criterion_mean_ns(&group, "wasm-batch-64").map(|ns| ns / BATCH as f64);
         let rows = [
             ("native", Some(native), native),
             ("wasm-single", single, native),

@@ -34,6 +34,24 @@ pub fn repo_root() -> PathBuf {
         .to_path_buf()
 }
 
+/// Criterion's point estimate (mean, ns per iteration) of benchmark `bench`
+/// in `group`, from its last run's `estimates.json` (under
+/// `$CARGO_TARGET_DIR`, or the repository's `target`); `None` when it has
+/// not run (filtered out). The benches print their ratios from it.
+pub fn criterion_mean_ns(group: &str, bench: &str) -> Option<f64> {
+    let target = std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| repo_root().join("target"));
+    let path = target
+        .join("criterion")
+        .join(group.replace('/', "_"))
+        .join(bench)
+        .join("new/estimates.json");
+    let text = std::fs::read_to_string(path).ok()?;
+    let json: serde_json::Value = serde_json::from_str(&text).ok()?;
+    json["mean"]["point_estimate"].as_f64()
+}
+
 /// Builds the plugins workspace (`plugins/build.sh`, a no-op when up to
 /// date) and returns `plugins/dist`. Panics with the build's output if it
 /// fails: a test that needs plugins must not pass without them.
