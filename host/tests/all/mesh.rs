@@ -232,6 +232,15 @@ async fn register(node: &Node, process_id: &str) -> Conn {
     conn
 }
 
+/// Takes the next delivery on `conn` and acks it.
+async fn ack_next(conn: &mut Conn) -> v1::Deliver {
+    let deliver = next_delivery(conn).await;
+    conn.send(Frame::of(Kind::Ack(v1::Ack { seq: deliver.seq })))
+        .await
+        .unwrap();
+    deliver
+}
+
 async fn next_delivery(conn: &mut Conn) -> v1::Deliver {
     match next(conn).await.expect("closed").kind {
         Some(Kind::Deliver(deliver)) => deliver,
@@ -365,11 +374,7 @@ async fn forwards_reach_a_process_on_another_node_in_order_and_their_acks_come_b
         .mesh
         .try_forward("a", "p-2", "t/1/0".to_string(), message("back"))
         .unwrap();
-    let deliver = next_delivery(&mut other).await;
-    other
-        .send(Frame::of(Kind::Ack(v1::Ack { seq: deliver.seq })))
-        .await
-        .unwrap();
+    ack_next(&mut other).await;
     assert_eq!(outcome(answer).await, ForwardOutcome::Delivered);
     assert_eq!(b.mesh.stats().forwards_delivered(), 1);
 }
@@ -475,11 +480,7 @@ async fn a_sender_keeps_no_more_forwards_to_a_process_unanswered_than_its_peer_h
         .mesh
         .try_forward("b", "p-2", "t/2/0".to_string(), message("y"))
         .unwrap();
-    let deliver = next_delivery(&mut other).await;
-    other
-        .send(Frame::of(Kind::Ack(v1::Ack { seq: deliver.seq })))
-        .await
-        .unwrap();
+    ack_next(&mut other).await;
     assert_eq!(outcome(answer).await, ForwardOutcome::Delivered);
 
     // As the process answers, the rest go, in order, and none is refused.
@@ -853,11 +854,7 @@ async fn bad_input_on_the_mesh_port_gets_an_error_frame_while_links_keep_working
         .mesh
         .try_forward("b", "p-1", "t/0/1".to_string(), message("fine"))
         .unwrap();
-    let deliver = next_delivery(&mut process).await;
-    process
-        .send(Frame::of(Kind::Ack(v1::Ack { seq: deliver.seq })))
-        .await
-        .unwrap();
+    ack_next(&mut process).await;
     assert_eq!(outcome(answer).await, ForwardOutcome::Delivered);
 }
 
@@ -1225,11 +1222,7 @@ async fn a_proxy_that_alters_a_forward_ack_gets_nothing_acknowledged() {
         .mesh
         .try_forward("b", "p-1", "t/0/0".to_string(), message("x"))
         .unwrap();
-    let deliver = next_delivery(&mut process).await;
-    process
-        .send(Frame::of(Kind::Ack(v1::Ack { seq: deliver.seq })))
-        .await
-        .unwrap();
+    ack_next(&mut process).await;
     assert!(
         matches!(outcome(answer).await, ForwardOutcome::Lost(_)),
         "an altered ForwardAck must not count"
@@ -1607,11 +1600,7 @@ async fn a_delivery_with_no_route_reaches_its_process_through_a_lookup_on_the_fi
     let second = delivery
         .start("p".to_string(), &input(1), output("second"), abort.clone())
         .await;
-    let deliver = next_delivery(&mut process).await;
-    process
-        .send(Frame::of(Kind::Ack(v1::Ack { seq: deliver.seq })))
-        .await
-        .unwrap();
+    ack_next(&mut process).await;
     assert_eq!(
         tokio::time::timeout(STEP, second).await.unwrap(),
         DeliveryEnd::Delivered
