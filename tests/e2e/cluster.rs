@@ -1373,6 +1373,11 @@ async fn messages_for_no_process_are_retried_until_the_ttl_then_dead_lettered() 
         .find(|r| r.key.as_deref() == Some(&b"nobody"[..]))
         .unwrap();
     assert_eq!(header(nobody, "wasmrelay-dlq-stage"), "deliver");
+    assert_eq!(
+        nobody.value.as_deref(),
+        Some(&b"for a process that never connects"[..]),
+        "the dead letter carries the message"
+    );
     let reason = header(nobody, "wasmrelay-dlq-reason");
     assert!(
         reason.contains("nobody") && reason.contains("time to live"),

@@ -63,6 +63,9 @@ struct Line {
     next: u64,
     /// The places not settled, by ascending number.
     unsettled: VecDeque<Unsettled>,
+    /// How many of them have not handed their message over (0 in the
+    /// common case: then a new place goes at once without a look at them).
+    not_handed_over: usize,
     /// Recovering until every place up to this one is settled.
     recovering_until: Option<u64>,
 }
@@ -89,8 +92,15 @@ impl Line {
     /// its message over. (Only one place can be let go by a change, so
     /// waking the others would only make them look again.)
     fn wake_next(&self) {
+        debug_assert_eq!(
+            self.not_handed_over,
+            self.unsettled.iter().filter(|u| !u.handed_over).count(),
+            "the count of places not handed over"
+        );
         let next = if self.recovering_until.is_some() {
             self.unsettled.front()
+        } else if self.not_handed_over == 0 {
+            None
         } else {
             self.unsettled.iter().find(|u| !u.handed_over)
         };
@@ -160,8 +170,10 @@ impl DeliveryLines {
         let entry = lines.entry(line).or_default();
         let number = entry.next;
         entry.next += 1;
-        let goes_at_once =
-            entry.recovering_until.is_none() && entry.unsettled.iter().all(|u| u.handed_over);
+        let goes_at_once = entry.recovering_until.is_none() && entry.not_handed_over == 0;
+        if !goes_at_once {
+            entry.not_handed_over += 1;
+        }
         entry.unsettled.push_back(Unsettled {
             number,
             handed_over: goes_at_once,
@@ -253,8 +265,10 @@ impl Place {
         let Some(line) = lines.get_mut(&key) else {
             return;
         };
-        if let Some(i) = line.find(number) {
-            line.unsettled[i].handed_over = true;
+        if let Some(i) = line.find(number)
+            && !std::mem::replace(&mut line.unsettled[i].handed_over, true)
+        {
+            line.not_handed_over -= 1;
         }
         line.wake_next();
     }
@@ -290,8 +304,11 @@ impl Drop for Place {
         let Some(line) = lines.get_mut(&key) else {
             return;
         };
-        if let Some(i) = line.find(number) {
-            line.unsettled.remove(i);
+        if let Some(i) = line.find(number)
+            && let Some(settled) = line.unsettled.remove(i)
+            && !settled.handed_over
+        {
+            line.not_handed_over -= 1;
         }
         if let Some(until) = line.recovering_until
             && line

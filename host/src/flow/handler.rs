@@ -64,9 +64,10 @@ pub struct FlowHandler {
     pub metrics: FlowMetrics,
 }
 
-/// A cluster delivery in flight: the message and its outcome.
+/// A cluster delivery in flight: the message (for a dead letter; `None`:
+/// the input as it was, no chain having changed it) and its outcome.
 struct PendingDelivery {
-    call: OutputRecord,
+    call: Option<OutputRecord>,
     end: BoxFuture<'static, DeliveryEnd>,
 }
 
@@ -246,13 +247,19 @@ impl FlowHandler {
             Some(target) => {
                 let mut returns = Vec::new();
                 for call in calls {
-                    match target.deliver(&input, call.clone(), &abort).await {
+                    // Kept for a dead letter; without a service-call chain
+                    // the call is the input, made again if it is needed.
+                    let kept = (!self.service_call.is_empty()).then(|| call.clone());
+                    match target.deliver(&input, call, &abort).await {
                         Delivery::Answered(records) => {
                             self.metrics.delivered.inc();
                             returns.extend(records);
                         }
-                        Delivery::Pending(end) => deliveries.push(PendingDelivery { call, end }),
+                        Delivery::Pending(end) => {
+                            deliveries.push(PendingDelivery { call: kept, end });
+                        }
                         Delivery::Failed { stage, reason } => {
+                            let call = kept.unwrap_or_else(|| original(&input));
                             dead_letters.push(self.dead_letter(call, &input, &stage, &reason));
                         }
                         Delivery::Aborted => return abandoned(),
@@ -343,6 +350,7 @@ impl FlowHandler {
                     }
                     DeliveryEnd::Aborted => return Outcome::Abandoned,
                     DeliveryEnd::GaveUp(reason) => {
+                        let call = call.unwrap_or_else(|| original(&input));
                         let record = flow.dead_letter(call, &input, &Stage::Deliver, &reason);
                         if !Box::pin(flow.write_dead_letter(record, &abort)).await {
                             return Outcome::Abandoned;

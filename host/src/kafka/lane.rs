@@ -23,11 +23,22 @@
 //!
 //! Like Confluent's Parallel Consumer (`KEY` ordering) and Dapr's
 //! `app-max-concurrency`.
+//!
+//! The lane is one task. A record's ordered part is polled there once;
+//! when it is done at once (the common case of a cluster delivery, handed
+//! to a connection's or a mesh link's queue) the next record of its key
+//! starts in the same step and the lane waits for the completion itself,
+//! with the others of the partition. Only an ordered part that has to wait
+//! (an HTTP call, a plugin chain, a full queue) gets a task of its own.
 
 use std::collections::{HashMap, VecDeque};
+use std::hash::{BuildHasher as _, RandomState};
+use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::task::{Context, Poll};
 
+use futures::FutureExt as _;
 use futures::StreamExt as _;
 use futures::stream::FuturesUnordered;
 use serde::{Deserialize, Serialize};
@@ -35,7 +46,7 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use super::consumer::{Handling, MessageHandler, Outcome};
+use super::consumer::{Completion, Handling, MessageHandler, Outcome};
 use super::record::InputRecord;
 
 /// In which order a flow handles the records of one partition
@@ -64,19 +75,25 @@ impl std::fmt::Display for DeliveryOrder {
 }
 
 /// Which records must wait for each other: those with the same slot.
-#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 enum Slot {
     /// Every record of the partition (`partition` ordering).
     Partition,
-    /// Records with this key; `None`: records without a key.
-    Key(Option<Vec<u8>>),
+    /// Records whose key hashes to this (records without a key are one
+    /// key). Two keys with the same hash share a slot, which only orders
+    /// more; the hash is keyed per process, so keys cannot be chosen to
+    /// collide.
+    Key(u64),
 }
+
+/// Hashes keys into slots: one random key per process.
+static KEY_HASHER: std::sync::LazyLock<RandomState> = std::sync::LazyLock::new(RandomState::new);
 
 impl DeliveryOrder {
     fn slot(self, record: &InputRecord) -> Option<Slot> {
         match self {
             DeliveryOrder::Partition => Some(Slot::Partition),
-            DeliveryOrder::Key => Some(Slot::Key(record.key.clone())),
+            DeliveryOrder::Key => Some(Slot::Key(KEY_HASHER.hash_one(record.key.as_deref()))),
             DeliveryOrder::None => None,
         }
     }
@@ -146,35 +163,53 @@ impl LaneContext {
     /// Records that can start together (their slots free) are taken
     /// together, up to the handler's [`MessageHandler::batch_size`], and
     /// handed to the handler as one batch when it takes batches.
+    ///
+    /// A record handled alone is started here: its ordered part is polled
+    /// once in the lane, and when it is done at once (a delivery handed to
+    /// a connection's queue, say) its slot is free for the next record
+    /// without a task or a message in between, and the lane itself waits
+    /// for its completion (with the others', in [`Waiting`]). Only an
+    /// ordered part that has to wait gets a task of its own.
     pub(super) async fn run(self, mut records: mpsc::UnboundedReceiver<InputRecord>) {
         let most = self.handler.batch_size().max(1);
-        // Slots with a record in progress, and the records waiting for them.
-        let mut busy: HashMap<Slot, VecDeque<InputRecord>> = HashMap::new();
+        let mut lane = LaneState::default();
         let (slot_free_tx, mut slot_free) = mpsc::unbounded_channel::<Slot>();
-        let mut ready: Vec<(InputRecord, Option<Slot>)> = Vec::new();
         loop {
             tokio::select! {
                 biased;
                 _ = self.stop_taking.cancelled() => break,
                 Some(slot) = slot_free.recv() => {
-                    free(slot, &mut busy, &mut ready);
-                    while ready.len() < most {
+                    free(slot, &mut lane.busy, &mut lane.ready);
+                    while lane.ready.len() < most {
                         let Ok(slot) = slot_free.try_recv() else { break };
-                        free(slot, &mut busy, &mut ready);
+                        free(slot, &mut lane.busy, &mut lane.ready);
                     }
                 }
                 record = records.recv() => {
                     let Some(record) = record else { break };
-                    self.admit(record, &mut busy, &mut ready);
-                    while ready.len() < most {
+                    self.admit(record, &mut lane.busy, &mut lane.ready);
+                    while lane.ready.len() < most {
                         let Ok(record) = records.try_recv() else { break };
-                        self.admit(record, &mut busy, &mut ready);
+                        self.admit(record, &mut lane.busy, &mut lane.ready);
                     }
                 }
+                Some(done) = lane.waiting.next(), if !lane.waiting.is_empty() => {
+                    self.settled().settle(done);
+                }
             }
-            if !ready.is_empty() && !self.start(std::mem::take(&mut ready), &slot_free_tx).await {
+            if !lane.ready.is_empty() && !self.start(&mut lane, &slot_free_tx).await {
                 break;
             }
+        }
+        // Completions the lane was waiting for run on without it.
+        if !lane.waiting.is_empty() {
+            let settled = self.settled();
+            let mut waiting = lane.waiting;
+            self.tasks.spawn(async move {
+                while let Some(done) = waiting.next().await {
+                    settled.settle(done);
+                }
+            });
         }
     }
 
@@ -189,7 +224,7 @@ impl LaneContext {
             Some(slot) => match busy.get_mut(&slot) {
                 Some(waiting) => waiting.push_back(record),
                 None => {
-                    busy.insert(slot.clone(), VecDeque::new());
+                    busy.insert(slot, VecDeque::new());
                     ready.push((record, Some(slot)));
                 }
             },
@@ -197,17 +232,23 @@ impl LaneContext {
         }
     }
 
-    /// Starts the `ready` records, in order, as the flow and the partition
-    /// have room; false when the lane must stop instead.
-    async fn start(
-        &self,
-        ready: Vec<(InputRecord, Option<Slot>)>,
-        slot_free: &mpsc::UnboundedSender<Slot>,
-    ) -> bool {
+    /// What reports a record's completion.
+    fn settled(&self) -> Settled {
+        Settled {
+            partition: self.partition,
+            finished_tx: self.finished_tx.clone(),
+            active: self.active.clone(),
+        }
+    }
+
+    /// Starts the ready records, in order, as the flow and the partition
+    /// have room (settling completions meanwhile); false when the lane must
+    /// stop instead. A record handled at once frees its slot here, so the
+    /// next record of the slot is started in the same call.
+    async fn start(&self, lane: &mut LaneState, slot_free: &mpsc::UnboundedSender<Slot>) -> bool {
         let most = self.handler.batch_size().max(1);
-        let mut ready = ready.into_iter();
-        while ready.len() > 0 {
-            let wanted = ready.len().min(most);
+        while !lane.ready.is_empty() {
+            let wanted = lane.ready.len().min(most);
             let permits = async {
                 let mut pending = acquire_up_to(&self.pending, wanted).await?;
                 let in_flight = acquire_up_to(&self.in_flight, pending.num_permits()).await?;
@@ -215,41 +256,87 @@ impl LaneContext {
                 drop(pending.split(pending.num_permits() - in_flight.num_permits()));
                 Some((pending, in_flight))
             };
-            let (pending, in_flight) = tokio::select! {
-                biased;
-                _ = self.stop_taking.cancelled() => return false,
-                permits = permits => match permits {
-                    Some(permits) => permits,
-                    None => return false,
-                },
+            let mut permits = std::pin::pin!(permits);
+            // Completions go on being settled while the lane waits for
+            // room: room is what they give back.
+            let (pending, in_flight) = loop {
+                tokio::select! {
+                    biased;
+                    _ = self.stop_taking.cancelled() => return false,
+                    permits = &mut permits => match permits {
+                        Some(permits) => break permits,
+                        None => return false,
+                    },
+                    Some(done) = lane.waiting.next(), if !lane.waiting.is_empty() => {
+                        self.settled().settle(done);
+                    }
+                }
             };
-            let taken: Vec<_> = ready.by_ref().take(in_flight.num_permits()).collect();
+            let taken = in_flight.num_permits();
+            let taken: Vec<_> = if taken >= lane.ready.len() {
+                std::mem::take(&mut lane.ready)
+            } else {
+                lane.ready.drain(..taken).collect()
+            };
             for (record, _) in &taken {
                 self.backlog.remove(record.size_bytes());
             }
             self.active.fetch_add(taken.len(), Ordering::Relaxed);
-            let started = Started {
-                partition: self.partition,
-                slot_free: slot_free.clone(),
-                finished_tx: self.finished_tx.clone(),
-                active: self.active.clone(),
-            };
             if most == 1 {
-                // One record (`wanted` was 1) in a task of its own.
+                // One record (`wanted` was 1).
                 if let Some((record, slot)) = taken.into_iter().next() {
-                    let offset = record.offset;
-                    let handling = self.handler.handle(record, self.abort.clone());
-                    self.tasks.spawn(async move {
-                        started
-                            .run(handling, offset, slot, (pending, in_flight))
-                            .await;
-                    });
+                    self.start_one(lane, record, slot, (pending, in_flight), slot_free);
+                    // Records handled at once do not yield on their own.
+                    tokio::task::consume_budget().await;
                 }
             } else {
+                let started = Started {
+                    settled: self.settled(),
+                    slot_free: slot_free.clone(),
+                };
                 self.start_batch(taken, started, pending, in_flight);
             }
         }
         true
+    }
+
+    /// Starts one record: its ordered part is polled here once; done at
+    /// once, its slot is freed and its completion waited for by the lane,
+    /// else the rest of its handling runs in a task.
+    fn start_one(
+        &self,
+        lane: &mut LaneState,
+        record: InputRecord,
+        slot: Option<Slot>,
+        (pending, in_flight): (OwnedSemaphorePermit, OwnedSemaphorePermit),
+        slot_free: &mpsc::UnboundedSender<Slot>,
+    ) {
+        let offset = record.offset;
+        let mut handling = self.handler.handle(record, self.abort.clone());
+        match (&mut handling).now_or_never() {
+            Some(completion) => {
+                drop(in_flight);
+                if let Some(slot) = slot {
+                    free(slot, &mut lane.busy, &mut lane.ready);
+                }
+                lane.waiting.push(Completing {
+                    completion,
+                    offset,
+                    pending: Some(pending),
+                });
+            }
+            None => {
+                let started = Started {
+                    settled: self.settled(),
+                    slot_free: slot_free.clone(),
+                };
+                self.tasks.spawn(async move {
+                    started
+                        .run(handling, offset, slot, (pending, in_flight))
+                        .await;
+                });
+            }
+        }
     }
 
     /// Hands `taken` to the handler as one batch and runs what remains of
@@ -289,13 +376,62 @@ impl LaneContext {
     }
 }
 
-/// What a started record gives back when its parts are done.
+/// What the lane keeps between its steps.
+#[derive(Default)]
+struct LaneState {
+    /// Slots with a record in progress, and the records waiting for them.
+    busy: HashMap<Slot, VecDeque<InputRecord>>,
+    /// Records whose slot is free, in order, not started yet.
+    ready: Vec<(InputRecord, Option<Slot>)>,
+    /// Completions of records whose ordered part was done at once.
+    waiting: FuturesUnordered<Completing>,
+}
+
+/// A record's completion, with its offset and its permit of the
+/// partition's pending records (given back when it is settled).
+struct Completing {
+    completion: Completion,
+    offset: i64,
+    pending: Option<OwnedSemaphorePermit>,
+}
+
+impl Future for Completing {
+    type Output = (i64, Outcome, OwnedSemaphorePermit);
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let outcome = std::task::ready!(self.completion.poll_unpin(cx));
+        let pending = self.pending.take().expect("a completion is settled once");
+        Poll::Ready((self.offset, outcome, pending))
+    }
+}
+
+/// Reports completions: finished offsets to the consumer, and the count
+/// of records started and not completed.
 #[derive(Clone)]
-struct Started {
+struct Settled {
     partition: i32,
-    slot_free: mpsc::UnboundedSender<Slot>,
     finished_tx: mpsc::UnboundedSender<(i32, i64)>,
     active: Arc<AtomicUsize>,
+}
+
+impl Settled {
+    /// A record's completion is done: reported finished (if it is), then
+    /// its pending permit given back.
+    fn settle(&self, (offset, outcome, pending): (i64, Outcome, OwnedSemaphorePermit)) {
+        if outcome == Outcome::Finished {
+            let _ = self.finished_tx.send((self.partition, offset));
+        }
+        self.active.fetch_sub(1, Ordering::Relaxed);
+        drop(pending);
+    }
+}
+
+/// What a record started in a task of its own gives back when its parts
+/// are done.
+#[derive(Clone)]
+struct Started {
+    settled: Settled,
+    slot_free: mpsc::UnboundedSender<Slot>,
 }
 
 impl Started {
@@ -316,11 +452,8 @@ impl Started {
             if let Some(slot) = slot {
                 let _ = started.slot_free.send(slot);
             }
-            if completion.await == Outcome::Finished {
-                let _ = started.finished_tx.send((started.partition, offset));
-            }
-            started.active.fetch_sub(1, Ordering::Relaxed);
-            drop(pending);
+            let outcome = completion.await;
+            started.settled.settle((offset, outcome, pending));
         }
     }
 }
@@ -469,17 +602,33 @@ mod tests {
         records: Vec<InputRecord>,
     ) -> (Log, Vec<i64>) {
         let log = Arc::new(Mutex::new(Log::default()));
+        let handler = Arc::new(SlowHandler {
+            log: log.clone(),
+            batch_size,
+        });
+        let finished = run_lane_with(handler, order, max_in_flight, 1_000, records).await;
+        let log = std::mem::take(&mut *log.lock().unwrap());
+        (log, finished)
+    }
+
+    /// Runs `records` through one lane with `handler`, at most `pending`
+    /// records of the partition completing at once; the offsets reported
+    /// finished.
+    async fn run_lane_with(
+        handler: Arc<dyn MessageHandler>,
+        order: DeliveryOrder,
+        max_in_flight: usize,
+        pending: usize,
+        records: Vec<InputRecord>,
+    ) -> Vec<i64> {
         let (finished_tx, mut finished_rx) = mpsc::unbounded_channel();
         let tasks = TaskTracker::new();
         let lane = LaneContext {
             partition: 0,
             order,
-            handler: Arc::new(SlowHandler {
-                log: log.clone(),
-                batch_size,
-            }),
+            handler,
             in_flight: Arc::new(Semaphore::new(max_in_flight)),
-            pending: Arc::new(Semaphore::new(1_000)),
+            pending: Arc::new(Semaphore::new(pending)),
             backlog: Arc::new(Backlog::default()),
             active: Arc::new(AtomicUsize::new(0)),
             stop_taking: CancellationToken::new(),
@@ -508,8 +657,85 @@ mod tests {
         drop(tx);
         tasks.close();
         tasks.wait().await;
-        let log = std::mem::take(&mut *log.lock().unwrap());
-        (log, finished)
+        finished
+    }
+
+    /// What a [`QuickHandler`] saw: per key, the offsets in the order their
+    /// ordered part ran; the most completions pending at once; and which
+    /// ordered parts had to wait (ran in a task).
+    #[derive(Default)]
+    struct QuickLog {
+        started: HashMap<Option<Vec<u8>>, Vec<i64>>,
+        pending: usize,
+        most_pending: usize,
+        waited: usize,
+    }
+
+    /// A handler whose ordered part is done at once (as a cluster delivery
+    /// handed to a connection's queue), except for every `wait_every`-th
+    /// record's, which waits a moment; each completion takes a while (the
+    /// process's answer), unevenly.
+    struct QuickHandler {
+        log: Arc<Mutex<QuickLog>>,
+        wait_every: i64,
+        /// Completions wait for this before they end.
+        release: Arc<tokio::sync::Notify>,
+        released: Arc<std::sync::atomic::AtomicBool>,
+    }
+
+    impl QuickHandler {
+        fn new(wait_every: i64) -> Self {
+            QuickHandler {
+                log: Arc::default(),
+                wait_every,
+                release: Arc::default(),
+                released: Arc::new(std::sync::atomic::AtomicBool::new(true)),
+            }
+        }
+    }
+
+    impl MessageHandler for QuickHandler {
+        fn handle(
+            &self,
+            record: InputRecord,
+            _abort: CancellationToken,
+        ) -> BoxFuture<'static, Completion> {
+            let log = self.log.clone();
+            let waits = record.offset % self.wait_every == self.wait_every - 1;
+            let release = self.release.clone();
+            let released = self.released.clone();
+            #[allow(clippy::async_yields_async)]
+            let handling = async move {
+                if waits {
+                    tokio::time::sleep(Duration::from_millis(1)).await;
+                    log.lock().unwrap().waited += 1;
+                }
+                {
+                    let mut log = log.lock().unwrap();
+                    log.started
+                        .entry(record.key.clone())
+                        .or_default()
+                        .push(record.offset);
+                    log.pending += 1;
+                    log.most_pending = log.most_pending.max(log.pending);
+                }
+                async move {
+                    tokio::time::sleep(Duration::from_micros(100 * (record.offset % 7) as u64))
+                        .await;
+                    while !released.load(Ordering::SeqCst) {
+                        let notified = release.notified();
+                        if released.load(Ordering::SeqCst) {
+                            break;
+                        }
+                        notified.await;
+                    }
+                    log.lock().unwrap().pending -= 1;
+                    Outcome::Finished
+                }
+                .boxed()
+            };
+            handling.boxed()
+        }
     }
 
     fn keyed(count: i64, keys: i64) -> Vec<InputRecord> {
@@ -654,5 +880,110 @@ mod tests {
             log.batches
         );
         assert_eq!(finished.len(), 300);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn ordered_parts_done_at_once_keep_key_order_and_overlap_their_completions() {
+        // Every 5th ordered part waits (a task of its own); the rest are
+        // done at once in the lane.
+        let handler = Arc::new(QuickHandler::new(5));
+        let log = handler.log.clone();
+        let finished = run_lane_with(handler, DeliveryOrder::Key, 16, 1_000, keyed(600, 6)).await;
+        let log = log.lock().unwrap();
+        for (key, offsets) in &log.started {
+            assert!(
+                offsets.is_sorted(),
+                "key {key:?} started out of offset order: {offsets:?}"
+            );
+            assert_eq!(offsets.len(), 100);
+        }
+        assert_eq!(log.waited, 120, "every 5th ordered part waited");
+        assert!(
+            log.most_pending > 16,
+            "completions overlap beyond max_in_flight (it bounds ordered parts only): {}",
+            log.most_pending
+        );
+        let mut finished = finished;
+        finished.sort_unstable();
+        assert_eq!(finished, (0..600).collect::<Vec<_>>(), "each finished once");
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_lane_waiting_for_room_settles_the_completions_that_give_it() {
+        // One key, ordered parts done at once, room for 8 pending
+        // completions: the lane waits for room that only the completions
+        // it waits for can give back.
+        let handler = Arc::new(QuickHandler::new(i64::MAX));
+        let log = handler.log.clone();
+        let records = (0..300).map(|offset| record(offset, Some("k"))).collect();
+        let finished = run_lane_with(handler, DeliveryOrder::Key, 4, 8, records).await;
+        assert_eq!(finished.len(), 300);
+        let log = log.lock().unwrap();
+        assert!(
+            log.most_pending <= 8,
+            "{} pending at once",
+            log.most_pending
+        );
+        assert_eq!(log.waited, 0);
+        assert!(log.started[&Some(b"k".to_vec())].is_sorted());
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn completions_waited_for_by_a_stopped_lane_still_finish() {
+        let handler = Arc::new(QuickHandler::new(i64::MAX));
+        handler.released.store(false, Ordering::SeqCst);
+        let (release, released) = (handler.release.clone(), handler.released.clone());
+        let log = handler.log.clone();
+        let (finished_tx, mut finished_rx) = mpsc::unbounded_channel();
+        let tasks = TaskTracker::new();
+        let stop_taking = CancellationToken::new();
+        let active = Arc::new(AtomicUsize::new(0));
+        let lane = LaneContext {
+            partition: 0,
+            order: DeliveryOrder::Key,
+            handler,
+            in_flight: Arc::new(Semaphore::new(64)),
+            pending: Arc::new(Semaphore::new(1_000)),
+            backlog: Arc::new(Backlog::default()),
+            active: active.clone(),
+            stop_taking: stop_taking.clone(),
+            abort: CancellationToken::new(),
+            finished_tx,
+            tasks: tasks.clone(),
+        };
+        let (tx, rx) = mpsc::unbounded_channel();
+        for record in keyed(50, 50) {
+            lane.backlog.add(record.size_bytes());
+            tx.send(record).unwrap();
+        }
+        tasks.spawn(lane.run(rx));
+        // Every record is started and waits for its completion.
+        tokio::time::timeout(Duration::from_secs(5), async {
+            while log.lock().unwrap().pending < 50 {
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            }
+        })
+        .await
+        .expect("all 50 started");
+        stop_taking.cancel();
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        assert_eq!(active.load(Ordering::SeqCst), 50, "none completed yet");
+        released.store(true, Ordering::SeqCst);
+        release.notify_waiters();
+        let mut finished = Vec::new();
+        while finished.len() < 50 {
+            let (_, offset) = tokio::time::timeout(Duration::from_secs(5), finished_rx.recv())
+                .await
+                .expect("the stopped lane's completions finish")
+                .unwrap();
+            finished.push(offset);
+        }
+        finished.sort_unstable();
+        assert_eq!(finished, (0..50).collect::<Vec<_>>());
+        tasks.close();
+        tokio::time::timeout(Duration::from_secs(5), tasks.wait())
+            .await
+            .expect("the lane and its work end");
+        assert_eq!(active.load(Ordering::SeqCst), 0);
     }
 }
