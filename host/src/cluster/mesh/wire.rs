@@ -43,7 +43,9 @@ pub(super) async fn write_frames(
                 None => break None,
             },
         };
-        let mut batch = vec![frame];
+        // Room for what is queued now, so the batch does not grow step by step.
+        let mut batch = Vec::with_capacity((queue.len() + 1).min(WRITE_BATCH));
+        batch.push(frame);
         while batch.len() < WRITE_BATCH {
             let Ok(frame) = queue.try_recv() else {
                 break;
