@@ -46,7 +46,7 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::Semaphore;
 use tokio_util::codec::Framed;
 use tokio_util::sync::CancellationToken;
-use wasmrelay::cluster::membership::{ClusterView, Heartbeat, NodeView};
+use wasmrelay::cluster::membership::ClusterView;
 use wasmrelay::cluster::mesh::{Mesh, MeshOptions};
 use wasmrelay::cluster::routes::RouteTable;
 use wasmrelay::cluster::{ClusterDelivery, DeliveryPolicy};
@@ -203,34 +203,7 @@ fn route_table(id: &str, gateway: &Arc<Gateway>, live: &[&str]) -> Arc<RouteTabl
         gateway.clone(),
         Default::default(),
     );
-    let nodes = live
-        .iter()
-        .map(|id| {
-            let heartbeat = Heartbeat {
-                node_id: id.to_string(),
-                instance_id: String::new(),
-                client_addr: String::new(),
-                mesh_addr: String::new(),
-                admin_addr: String::new(),
-                connections: 0,
-                quota: 0,
-                started_at_ms: 0,
-                sent_at_ms: 0,
-                leaving: false,
-                evacuating: false,
-            };
-            let view = NodeView {
-                heartbeat,
-                live: true,
-                last_seen_ms_ago: 0,
-            };
-            (id.to_string(), view)
-        })
-        .collect();
-    table.follow_view(&ClusterView {
-        nodes,
-        ..ClusterView::default()
-    });
+    table.follow_view(&ClusterView::of_live_nodes(live));
     table
 }
 

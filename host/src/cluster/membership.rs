@@ -49,7 +49,7 @@ const HEARTBEAT_KIND: &str = "heartbeat";
 
 /// One node's heartbeat, as JSON on the heartbeat topic (key: node id,
 /// header [`MAC_HEADER`]).
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Heartbeat {
     /// The node.
     pub node_id: String,
@@ -127,6 +127,32 @@ impl ClusterView {
     /// Whether `node_id` is live.
     pub fn is_live(&self, node_id: &str) -> bool {
         self.nodes.get(node_id).is_some_and(|n| n.live)
+    }
+
+    /// A view with only the nodes `ids`, all live, heard just now, their
+    /// heartbeats otherwise empty: what a route table needs to follow in
+    /// tests and benchmarks that have no heartbeat topic.
+    pub fn of_live_nodes(ids: &[&str]) -> ClusterView {
+        let nodes = ids
+            .iter()
+            .map(|id| {
+                let heartbeat = Heartbeat {
+                    node_id: id.to_string(),
+                    ..Heartbeat::default()
+                };
+                let view = NodeView {
+                    heartbeat,
+                    live: true,
+                    last_seen_ms_ago: 0,
+                };
+                (id.to_string(), view)
+            })
+            .collect();
+        ClusterView {
+            nodes,
+            live: ids.len(),
+            ..ClusterView::default()
+        }
     }
 }
 

@@ -1500,16 +1500,7 @@ mod tests {
                 .map(|(id, live)| {
                     let heartbeat = Heartbeat {
                         node_id: id.to_string(),
-                        instance_id: String::new(),
-                        client_addr: String::new(),
-                        mesh_addr: String::new(),
-                        admin_addr: String::new(),
-                        connections: 0,
-                        quota: 0,
-                        started_at_ms: 0,
-                        sent_at_ms: 0,
-                        leaving: false,
-                        evacuating: false,
+                        ..Heartbeat::default()
                     };
                     (
                         id.to_string(),

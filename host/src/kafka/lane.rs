@@ -621,43 +621,74 @@ mod tests {
         pending: usize,
         records: Vec<InputRecord>,
     ) -> Vec<i64> {
-        let (finished_tx, mut finished_rx) = mpsc::unbounded_channel();
-        let tasks = TaskTracker::new();
-        let lane = LaneContext {
-            partition: 0,
-            order,
-            handler,
-            in_flight: Arc::new(Semaphore::new(max_in_flight)),
-            pending: Arc::new(Semaphore::new(pending)),
-            backlog: Arc::new(Backlog::default()),
-            active: Arc::new(AtomicUsize::new(0)),
-            stop_taking: CancellationToken::new(),
-            abort: CancellationToken::new(),
-            finished_tx,
-            tasks: tasks.clone(),
-        };
-        let (tx, rx) = mpsc::unbounded_channel();
         let count = records.len();
-        for record in records {
-            lane.backlog.add(record.size_bytes());
-            tx.send(record).unwrap();
-        }
-        let backlog = lane.backlog.clone();
-        tasks.spawn(lane.run(rx));
+        let mut lane = TestLane::start(handler, order, max_in_flight, pending, records);
         let mut finished = Vec::new();
         while finished.len() < count {
-            let (_, offset) = tokio::time::timeout(Duration::from_secs(10), finished_rx.recv())
+            let (_, offset) = tokio::time::timeout(Duration::from_secs(10), lane.finished.recv())
                 .await
                 .expect("every record finishes")
                 .unwrap();
             finished.push(offset);
         }
-        assert_eq!(backlog.records(), 0, "every record was started");
-        assert_eq!(backlog.bytes(), 0);
-        drop(tx);
-        tasks.close();
-        tasks.wait().await;
+        assert_eq!(lane.backlog.records(), 0, "every record was started");
+        assert_eq!(lane.backlog.bytes(), 0);
+        drop(lane.records);
+        lane.tasks.close();
+        lane.tasks.wait().await;
         finished
+    }
+
+    /// A lane of partition 0 running in `tasks`, with `records` sent to it
+    /// (and its sender kept, so it runs until stopped).
+    struct TestLane {
+        records: mpsc::UnboundedSender<InputRecord>,
+        finished: mpsc::UnboundedReceiver<(i32, i64)>,
+        tasks: TaskTracker,
+        stop_taking: CancellationToken,
+        active: Arc<AtomicUsize>,
+        backlog: Arc<Backlog>,
+    }
+
+    impl TestLane {
+        fn start(
+            handler: Arc<dyn MessageHandler>,
+            order: DeliveryOrder,
+            max_in_flight: usize,
+            pending: usize,
+            records: Vec<InputRecord>,
+        ) -> TestLane {
+            let (finished_tx, finished) = mpsc::unbounded_channel();
+            let tasks = TaskTracker::new();
+            let lane = LaneContext {
+                partition: 0,
+                order,
+                handler,
+                in_flight: Arc::new(Semaphore::new(max_in_flight)),
+                pending: Arc::new(Semaphore::new(pending)),
+                backlog: Arc::new(Backlog::default()),
+                active: Arc::new(AtomicUsize::new(0)),
+                stop_taking: CancellationToken::new(),
+                abort: CancellationToken::new(),
+                finished_tx,
+                tasks: tasks.clone(),
+            };
+            let (tx, rx) = mpsc::unbounded_channel();
+            for record in records {
+                lane.backlog.add(record.size_bytes());
+                tx.send(record).unwrap();
+            }
+            let test_lane = TestLane {
+                records: tx,
+                finished,
+                tasks: tasks.clone(),
+                stop_taking: lane.stop_taking.clone(),
+                active: lane.active.clone(),
+                backlog: lane.backlog.clone(),
+            };
+            tasks.spawn(lane.run(rx));
+            test_lane
+        }
     }
 
     /// What a [`QuickHandler`] saw: per key, the offsets in the order their
@@ -795,35 +826,15 @@ mod tests {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_stopped_lane_starts_nothing_more() {
         let log = Arc::new(Mutex::new(Log::default()));
-        let (finished_tx, _finished_rx) = mpsc::unbounded_channel();
-        let tasks = TaskTracker::new();
-        let stop_taking = CancellationToken::new();
-        let lane = LaneContext {
-            partition: 0,
-            order: DeliveryOrder::Key,
-            handler: Arc::new(SlowHandler {
-                log: log.clone(),
-                batch_size: 1,
-            }),
-            in_flight: Arc::new(Semaphore::new(1)),
-            pending: Arc::new(Semaphore::new(1_000)),
-            backlog: Arc::new(Backlog::default()),
-            active: Arc::new(AtomicUsize::new(0)),
-            stop_taking: stop_taking.clone(),
-            abort: CancellationToken::new(),
-            finished_tx,
-            tasks: tasks.clone(),
-        };
-        let (tx, rx) = mpsc::unbounded_channel();
-        for record in keyed(100, 100) {
-            lane.backlog.add(record.size_bytes());
-            tx.send(record).unwrap();
-        }
-        tasks.spawn(lane.run(rx));
+        let handler = Arc::new(SlowHandler {
+            log: log.clone(),
+            batch_size: 1,
+        });
+        let lane = TestLane::start(handler, DeliveryOrder::Key, 1, 1_000, keyed(100, 100));
         tokio::time::sleep(Duration::from_millis(20)).await;
-        stop_taking.cancel();
-        tasks.close();
-        tokio::time::timeout(Duration::from_secs(5), tasks.wait())
+        lane.stop_taking.cancel();
+        lane.tasks.close();
+        tokio::time::timeout(Duration::from_secs(5), lane.tasks.wait())
             .await
             .expect("the lane and its work end");
         let started: usize = log.lock().unwrap().started.values().map(Vec::len).sum();
@@ -934,29 +945,8 @@ mod tests {
         handler.released.store(false, Ordering::SeqCst);
         let (release, released) = (handler.release.clone(), handler.released.clone());
         let log = handler.log.clone();
-        let (finished_tx, mut finished_rx) = mpsc::unbounded_channel();
-        let tasks = TaskTracker::new();
-        let stop_taking = CancellationToken::new();
-        let active = Arc::new(AtomicUsize::new(0));
-        let lane = LaneContext {
-            partition: 0,
-            order: DeliveryOrder::Key,
-            handler,
-            in_flight: Arc::new(Semaphore::new(64)),
-            pending: Arc::new(Semaphore::new(1_000)),
-            backlog: Arc::new(Backlog::default()),
-            active: active.clone(),
-            stop_taking: stop_taking.clone(),
-            abort: CancellationToken::new(),
-            finished_tx,
-            tasks: tasks.clone(),
-        };
-        let (tx, rx) = mpsc::unbounded_channel();
-        for record in keyed(50, 50) {
-            lane.backlog.add(record.size_bytes());
-            tx.send(record).unwrap();
-        }
-        tasks.spawn(lane.run(rx));
+        let mut lane = TestLane::start(handler, DeliveryOrder::Key, 64, 1_000, keyed(50, 50));
+        let (stop_taking, active) = (lane.stop_taking.clone(), lane.active.clone());
         // Every record is started and waits for its completion.
         tokio::time::timeout(Duration::from_secs(5), async {
             while log.lock().unwrap().pending < 50 {
@@ -972,7 +962,7 @@ mod tests {
         release.notify_waiters();
         let mut finished = Vec::new();
         while finished.len() < 50 {
-            let (_, offset) = tokio::time::timeout(Duration::from_secs(5), finished_rx.recv())
+            let (_, offset) = tokio::time::timeout(Duration::from_secs(5), lane.finished.recv())
                 .await
                 .expect("the stopped lane's completions finish")
                 .unwrap();
@@ -980,8 +970,8 @@ mod tests {
         }
         finished.sort_unstable();
         assert_eq!(finished, (0..50).collect::<Vec<_>>());
-        tasks.close();
-        tokio::time::timeout(Duration::from_secs(5), tasks.wait())
+        lane.tasks.close();
+        tokio::time::timeout(Duration::from_secs(5), lane.tasks.wait())
             .await
             .expect("the lane and its work end");
         assert_eq!(active.load(Ordering::SeqCst), 0);

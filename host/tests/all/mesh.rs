@@ -1511,7 +1511,7 @@ fn output(value: &str) -> wasmrelay::kafka::OutputRecord {
 
 /// A route table of node `node` that sees `live` live.
 fn route_table(node: &Node, live: &[&str]) -> Arc<wasmrelay::cluster::routes::RouteTable> {
-    use wasmrelay::cluster::membership::{ClusterView, Heartbeat, NodeView};
+    use wasmrelay::cluster::membership::ClusterView;
     let table = wasmrelay::cluster::routes::RouteTable::new(
         &node.id,
         wasmrelay_protocol::mesh_auth::purpose_key(
@@ -1522,34 +1522,7 @@ fn route_table(node: &Node, live: &[&str]) -> Arc<wasmrelay::cluster::routes::Ro
         node.gateway.clone(),
         Default::default(),
     );
-    let nodes = live
-        .iter()
-        .map(|id| {
-            let heartbeat = Heartbeat {
-                node_id: id.to_string(),
-                instance_id: String::new(),
-                client_addr: String::new(),
-                mesh_addr: String::new(),
-                admin_addr: String::new(),
-                connections: 0,
-                quota: 0,
-                started_at_ms: 0,
-                sent_at_ms: 0,
-                leaving: false,
-                evacuating: false,
-            };
-            let view = NodeView {
-                heartbeat,
-                live: true,
-                last_seen_ms_ago: 0,
-            };
-            (id.to_string(), view)
-        })
-        .collect();
-    table.follow_view(&ClusterView {
-        nodes,
-        ..ClusterView::default()
-    });
+    table.follow_view(&ClusterView::of_live_nodes(live));
     table
 }
 
