@@ -24,7 +24,9 @@
 //! process and the driver count in every run alike; what a run adds over
 //! `plain` is the relay's. Run with
 //! `cargo bench -p wasmrelay --bench cluster_delivery`
-//! (`BENCH_DELIVERIES`, default 200,000).
+//! (`BENCH_DELIVERIES`, default 200,000 per run; `BENCH_ROUNDS`, default 5:
+//! the three runs are repeated, interleaved, and each path's median is
+//! printed with the range).
 
 // Its tasks (nodes, processes) live as long as the benchmark's process.
 #![allow(
@@ -229,9 +231,29 @@ fn cpu_seconds() -> f64 {
 }
 
 /// What one run measured.
+#[derive(Clone, Copy)]
 struct Measured {
     cpu_us_per_delivery: f64,
     per_second: f64,
+}
+
+/// The median of a path's runs (by CPU), with their range.
+struct Summary {
+    cpu_us_per_delivery: f64,
+    per_second: f64,
+    lowest_cpu: f64,
+    highest_cpu: f64,
+}
+
+fn median(mut runs: Vec<Measured>) -> Summary {
+    runs.sort_by(|a, b| a.cpu_us_per_delivery.total_cmp(&b.cpu_us_per_delivery));
+    let middle = runs[runs.len() / 2];
+    Summary {
+        cpu_us_per_delivery: middle.cpu_us_per_delivery,
+        per_second: middle.per_second,
+        lowest_cpu: runs[0].cpu_us_per_delivery,
+        highest_cpu: runs[runs.len() - 1].cpu_us_per_delivery,
+    }
 }
 
 async fn measure<F: Future<Output = ()>>(count: usize, run: F) -> Measured {
@@ -324,6 +346,11 @@ fn main() {
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(200_000);
+    let rounds: usize = std::env::var("BENCH_ROUNDS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(5)
+        .max(1);
     // As a node runs: two worker threads.
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -361,13 +388,19 @@ fn main() {
         plain_loop(warm_up).await;
         through_the_relay(&delivery, "proc-local", warm_up).await;
         through_the_relay(&delivery, "proc-routed", warm_up).await;
-        let plain = measure(count, plain_loop(count)).await;
-        let local = measure(count, through_the_relay(&delivery, "proc-local", count)).await;
-        let routed = measure(count, through_the_relay(&delivery, "proc-routed", count)).await;
+        // Rounds of the three, interleaved; each path's median is reported
+        // (a run now and then is slowed by the machine).
+        let mut runs: [Vec<Measured>; 3] = Default::default();
+        for _ in 0..rounds {
+            runs[0].push(measure(count, plain_loop(count)).await);
+            runs[1].push(measure(count, through_the_relay(&delivery, "proc-local", count)).await);
+            runs[2].push(measure(count, through_the_relay(&delivery, "proc-routed", count)).await);
+        }
         stop.cancel();
+        let [plain, local, routed] = runs.map(median);
 
         println!(
-            "\n{count} deliveries of {VALUE_BYTES} B, at most {WINDOW} unanswered, {PARTITIONS} partitions, one process (2 worker threads)"
+            "\n{count} deliveries of {VALUE_BYTES} B, at most {WINDOW} unanswered, {PARTITIONS} partitions, one process (2 worker threads); median of {rounds} rounds (range in brackets)"
         );
         println!("| path | CPU µs per delivery | deliveries/s | CPU / plain | CPU added over plain, µs |");
         println!("|---|---:|---:|---:|---:|");
@@ -377,8 +410,10 @@ fn main() {
             ("routed (ClusterDelivery over the mesh)", &routed),
         ] {
             println!(
-                "| {name} | {:.2} | {:.0} | {:.2}x | {:+.2} |",
+                "| {name} | {:.2} ({:.2}-{:.2}) | {:.0} | {:.2}x | {:+.2} |",
                 run.cpu_us_per_delivery,
+                run.lowest_cpu,
+                run.highest_cpu,
                 run.per_second,
                 run.cpu_us_per_delivery / plain.cpu_us_per_delivery,
                 run.cpu_us_per_delivery - plain.cpu_us_per_delivery,
