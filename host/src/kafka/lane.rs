@@ -172,7 +172,12 @@ impl LaneContext {
     /// ordered part that has to wait gets a task of its own.
     pub(super) async fn run(self, mut records: mpsc::UnboundedReceiver<InputRecord>) {
         let most = self.handler.batch_size().max(1);
-        let mut lane = LaneState::default();
+        let mut lane = LaneState {
+            settled: self.settled(),
+            busy: HashMap::new(),
+            ready: Vec::new(),
+            waiting: FuturesUnordered::new(),
+        };
         let (slot_free_tx, mut slot_free) = mpsc::unbounded_channel::<Slot>();
         loop {
             tokio::select! {
@@ -194,7 +199,7 @@ impl LaneContext {
                     }
                 }
                 Some(done) = lane.waiting.next(), if !lane.waiting.is_empty() => {
-                    self.settled().settle(done);
+                    lane.settled.settle(done);
                 }
             }
             if !lane.ready.is_empty() && !self.start(&mut lane, &slot_free_tx).await {
@@ -203,7 +208,7 @@ impl LaneContext {
         }
         // Completions the lane was waiting for run on without it.
         if !lane.waiting.is_empty() {
-            let settled = self.settled();
+            let settled = lane.settled;
             let mut waiting = lane.waiting;
             self.tasks.spawn(async move {
                 while let Some(done) = waiting.next().await {
@@ -268,7 +273,7 @@ impl LaneContext {
                         None => return false,
                     },
                     Some(done) = lane.waiting.next(), if !lane.waiting.is_empty() => {
-                        self.settled().settle(done);
+                        lane.settled.settle(done);
                     }
                 }
             };
@@ -291,7 +296,7 @@ impl LaneContext {
                 }
             } else {
                 let started = Started {
-                    settled: self.settled(),
+                    settled: lane.settled.clone(),
                     slot_free: slot_free.clone(),
                 };
                 self.start_batch(taken, started, pending, in_flight);
@@ -327,7 +332,7 @@ impl LaneContext {
             }
             None => {
                 let started = Started {
-                    settled: self.settled(),
+                    settled: lane.settled.clone(),
                     slot_free: slot_free.clone(),
                 };
                 self.tasks.spawn(async move {
@@ -377,8 +382,9 @@ impl LaneContext {
 }
 
 /// What the lane keeps between its steps.
-#[derive(Default)]
 struct LaneState {
+    /// Reports the completions the lane settles (made once per lane).
+    settled: Settled,
     /// Slots with a record in progress, and the records waiting for them.
     busy: HashMap<Slot, VecDeque<InputRecord>>,
     /// Records whose slot is free, in order, not started yet.
