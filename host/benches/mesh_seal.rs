@@ -21,7 +21,7 @@ use criterion::{Criterion, Throughput, criterion_group};
 use tokio_util::codec::{Decoder as _, Encoder as _};
 use wasmrelay_protocol::mesh_auth::{FrameBatch, MeshCodec, SessionKeys};
 use wasmrelay_protocol::v1::{self, ForwardResult};
-use wasmrelay_protocol::{Frame, Kind};
+use wasmrelay_protocol::{Frame, Kind, Outgoing};
 
 const FRAMES: usize = 64;
 const KINDS: [&str; 2] = ["forward-256B", "forward-ack"];
@@ -65,6 +65,7 @@ fn linked(batches: bool) -> (MeshCodec, MeshCodec) {
 /// Seals `frames` as the writer hands them over, then opens them all.
 fn round_trip(sender: &mut MeshCodec, receiver: &mut MeshCodec, frames: Vec<Frame>) -> usize {
     let mut wire = BytesMut::new();
+    let frames = frames.into_iter().map(Outgoing::Frame).collect();
     sender.encode(FrameBatch(frames), &mut wire).unwrap();
     let mut opened = 0;
     while let Some(frame) = receiver.decode(&mut wire).unwrap() {

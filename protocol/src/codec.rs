@@ -155,8 +155,13 @@ impl Encoder<Frame> for FrameCodec {
 }
 
 impl FrameCodec {
-    /// Appends one frame (prefix included) to `dst`.
-    pub fn encode_frame(&self, frame: &Frame, dst: &mut BytesMut) -> Result<(), CodecError> {
+    /// Appends one frame (prefix included) to `dst`: a [`Frame`], or what
+    /// encodes as one ([`crate::ParcelFrame`], [`crate::Outgoing`]).
+    pub fn encode_frame(
+        &self,
+        frame: &impl prost::Message,
+        dst: &mut BytesMut,
+    ) -> Result<(), CodecError> {
         let length = frame.encoded_len();
         if length > self.max_frame_bytes {
             return Err(CodecError::TooLarge {

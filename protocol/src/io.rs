@@ -145,7 +145,7 @@ impl<W: AsyncWrite + Unpin> FrameWriter<W> {
 
     /// Encodes `frame` into the batch [`FrameWriter::flush`] writes; a frame
     /// above the size limit is refused and nothing of it is queued.
-    pub fn queue(&mut self, frame: &Frame) -> Result<(), CodecError> {
+    pub fn queue(&mut self, frame: &impl prost::Message) -> Result<(), CodecError> {
         self.codec.encode_frame(frame, &mut self.buffer)
     }
 

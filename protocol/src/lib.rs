@@ -11,6 +11,7 @@ pub mod backoff;
 pub mod codec;
 pub mod io;
 pub mod mesh_auth;
+pub mod parcel;
 
 /// Types generated from `proto/wasmrelay.proto` (package `wasmrelay.v1`).
 #[allow(
@@ -25,6 +26,7 @@ pub mod v1 {
 
 pub use backoff::{Backoff, jitter};
 pub use codec::{CodecError, FrameCodec};
+pub use parcel::{Outgoing, Parcel, ParcelFrame};
 pub use v1::Frame;
 pub use v1::frame::Kind;
 

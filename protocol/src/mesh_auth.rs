@@ -22,15 +22,16 @@
 
 use std::collections::VecDeque;
 
-use bytes::{Bytes, BytesMut};
+use bytes::{BufMut as _, Bytes, BytesMut};
 use hmac::{Hmac, Mac as _};
 use prost::Message as _;
-use prost::encoding::encoded_len_varint;
+use prost::encoding::{WireType, encode_key, encode_varint, encoded_len_varint, key_len};
 use sha2::Sha256;
 use tokio_util::codec::{Decoder, Encoder};
 
+use crate::codec::LENGTH_PREFIX_BYTES;
 use crate::v1::{ErrorCode, MeshSealed};
-use crate::{CodecError, Frame, FrameCodec, Kind};
+use crate::{CodecError, Frame, FrameCodec, Kind, Outgoing};
 
 /// How far apart the two nodes' clocks may be, in milliseconds.
 pub const MAX_CLOCK_SKEW_MS: i64 = 60_000;
@@ -290,9 +291,11 @@ fn sealed_batch_len(fields: u64) -> u64 {
     let sealed = (1 + encoded_len_varint(u64::MAX) as u64)
         + fields
         + (1 + encoded_len_varint(MAC_BYTES as u64) + MAC_BYTES) as u64;
-    // Field 24 of `Frame`: a two-byte tag.
-    2 + encoded_len_varint(sealed) as u64 + sealed
+    key_len(SEALED_TAG) as u64 + encoded_len_varint(sealed) as u64 + sealed
 }
+
+/// The tag of `Frame.mesh_sealed`.
+const SEALED_TAG: u32 = 24;
 
 /// The MAC of a `MeshSealed` carrying `frames` (see the proto).
 fn sealed_batch_mac(key: &Key, seq: u64, frames: &[Bytes]) -> HmacSha256 {
@@ -310,7 +313,7 @@ fn sealed_batch_mac(key: &Key, seq: u64, frames: &[Bytes]) -> HmacSha256 {
 /// ([`MeshCodec::send_batches`]), sealed in as few `MeshSealed` frames as
 /// the size limit allows, one MAC each; otherwise one by one.
 #[derive(Debug, Default)]
-pub struct FrameBatch(pub Vec<Frame>);
+pub struct FrameBatch(pub Vec<Outgoing>);
 
 /// What was wrong with what arrived on (or was to be sent on) a mesh link.
 #[derive(Debug, thiserror::Error)]
@@ -530,13 +533,12 @@ impl Encoder<Frame> for MeshCodec {
     type Error = MeshWireError;
 
     fn encode(&mut self, frame: Frame, dst: &mut BytesMut) -> Result<(), MeshWireError> {
-        let Some(send) = &mut self.send else {
+        if self.send.is_none() {
             return Ok(self.frames.encode_frame(&frame, dst)?);
-        };
-        let sealed = seal(&send.key, send.next, &frame);
-        self.frames.encode_frame(&sealed, dst)?;
-        send.next += 1;
-        Ok(())
+        }
+        let frame = Outgoing::Frame(frame);
+        let len = frame.encoded_len();
+        self.seal_into(std::slice::from_ref(&frame), &[len], dst)
     }
 }
 
@@ -544,62 +546,105 @@ impl Encoder<FrameBatch> for MeshCodec {
     type Error = MeshWireError;
 
     fn encode(&mut self, batch: FrameBatch, dst: &mut BytesMut) -> Result<(), MeshWireError> {
-        if !self.batches_out || self.send.is_none() || batch.0.len() < 2 {
-            for frame in batch.0 {
-                Encoder::<Frame>::encode(self, frame, dst)?;
+        if self.send.is_none() {
+            for frame in &batch.0 {
+                self.frames.encode_frame(frame, dst)?;
             }
             return Ok(());
         }
-        // Each frame encoded once, into one buffer the sealed frames share.
+        let lens: Vec<usize> = batch.0.iter().map(|frame| frame.encoded_len()).collect();
+        if !self.batches_out {
+            for (frame, len) in batch.0.iter().zip(&lens) {
+                self.seal_into(std::slice::from_ref(frame), std::slice::from_ref(len), dst)?;
+            }
+            return Ok(());
+        }
+        // As many frames under one seal as the size limit allows.
         let max = self.frames.max_frame_bytes() as u64;
-        let mut encoded = BytesMut::with_capacity(batch.0.iter().map(|f| f.encoded_len()).sum());
-        let mut group: Vec<Bytes> = Vec::new();
+        let mut start = 0;
         let mut fields = 0u64;
-        for frame in &batch.0 {
-            frame
-                .encode(&mut encoded)
-                .map_err(|e| MeshWireError::Codec(CodecError::Io(std::io::Error::other(e))))?;
-            let inner = encoded.split().freeze();
-            let field = 1 + encoded_len_varint(inner.len() as u64) as u64 + inner.len() as u64;
-            if !group.is_empty() && sealed_batch_len(fields + field) > max {
-                self.seal_group(std::mem::take(&mut group), dst)?;
+        for (at, &len) in lens.iter().enumerate() {
+            let field = (1 + encoded_len_varint(len as u64) + len) as u64;
+            if at > start && sealed_batch_len(fields + field) > max {
+                self.seal_into(&batch.0[start..at], &lens[start..at], dst)?;
+                start = at;
                 fields = 0;
             }
             fields += field;
-            group.push(inner);
         }
-        self.seal_group(group, dst)
+        self.seal_into(&batch.0[start..], &lens[start..], dst)
     }
 }
 
 impl MeshCodec {
-    /// Writes `frames` (encoded) as one sealed frame.
-    fn seal_group(&mut self, frames: Vec<Bytes>, dst: &mut BytesMut) -> Result<(), MeshWireError> {
+    /// Writes `frames` (of encoded lengths `lens`) as the next sealed
+    /// frame, each encoded straight into `dst` and MACed there: in `frame`
+    /// when it is one, in `frames` when several (see the proto).
+    fn seal_into(
+        &mut self,
+        frames: &[Outgoing],
+        lens: &[usize],
+        dst: &mut BytesMut,
+    ) -> Result<(), MeshWireError> {
         let send = self.send.as_mut().expect("sealing");
-        let sealed = if frames.len() == 1 {
-            let frame = frames.into_iter().next().expect("one");
-            let mac = sealed_mac(&send.key, send.next, &frame)
-                .finalize()
-                .into_bytes();
-            MeshSealed {
-                seq: send.next,
-                frame,
-                mac: Bytes::copy_from_slice(&mac),
-                frames: Vec::new(),
-            }
+        let seq = send.next;
+        let single = frames.len() == 1;
+        let (frame_tag, frame_fields) = if single {
+            // proto3 leaves an empty `frame` out.
+            let len = lens[0];
+            let field = if len == 0 {
+                0
+            } else {
+                1 + encoded_len_varint(len as u64) + len
+            };
+            (2, field)
         } else {
-            let mac = sealed_batch_mac(&send.key, send.next, &frames)
-                .finalize()
-                .into_bytes();
-            MeshSealed {
-                seq: send.next,
-                frame: Bytes::new(),
-                mac: Bytes::copy_from_slice(&mac),
-                frames,
-            }
+            let fields = lens
+                .iter()
+                .map(|&len| 1 + encoded_len_varint(len as u64) + len)
+                .sum();
+            (4, fields)
         };
-        self.frames
-            .encode_frame(&Frame::of(Kind::MeshSealed(sealed)), dst)?;
+        let sealed = 1
+            + encoded_len_varint(seq)
+            + frame_fields
+            + 1
+            + encoded_len_varint(MAC_BYTES as u64)
+            + MAC_BYTES;
+        let length = key_len(SEALED_TAG) + encoded_len_varint(sealed as u64) + sealed;
+        let max = self.frames.max_frame_bytes();
+        if length > max {
+            return Err(CodecError::TooLarge { length, max }.into());
+        }
+        dst.reserve(LENGTH_PREFIX_BYTES + length);
+        let start = dst.len();
+        dst.put_u32(length as u32);
+        encode_key(SEALED_TAG, WireType::LengthDelimited, dst);
+        encode_varint(sealed as u64, dst);
+        prost::encoding::uint64::encode(1, &seq, dst);
+        let mut mac = send.key.mac();
+        mac.update(&seq.to_be_bytes());
+        if !single {
+            mac.update(&[0]);
+        }
+        for (frame, &len) in frames.iter().zip(lens) {
+            if len == 0 && single {
+                break;
+            }
+            encode_key(frame_tag, WireType::LengthDelimited, dst);
+            encode_varint(len as u64, dst);
+            let at = dst.len();
+            frame.encode_raw(dst);
+            debug_assert_eq!(dst.len() - at, len, "a frame's encoded length");
+            if !single {
+                mac.update(&(len as u32).to_be_bytes());
+            }
+            mac.update(&dst[at..]);
+        }
+        encode_key(3, WireType::LengthDelimited, dst);
+        encode_varint(MAC_BYTES as u64, dst);
+        dst.put_slice(&mac.finalize().into_bytes());
+        debug_assert_eq!(dst.len() - start, LENGTH_PREFIX_BYTES + length);
         send.next += 1;
         Ok(())
     }
@@ -833,6 +878,7 @@ mod tests {
 
     fn encode_batch(codec: &mut MeshCodec, frames: Vec<Frame>) -> BytesMut {
         let mut bytes = BytesMut::new();
+        let frames = frames.into_iter().map(Outgoing::Frame).collect();
         codec.encode(FrameBatch(frames), &mut bytes).unwrap();
         bytes
     }
@@ -909,6 +955,58 @@ mod tests {
             opened.push(frame);
         }
         assert_eq!(opened, errors);
+    }
+
+    #[test]
+    fn sealed_frames_are_the_mesh_sealed_frames_the_proto_describes() {
+        let key = SessionKeys::derive(b"s", "a", "b", &[1; 16], &[2; 16])
+            .for_dialer()
+            .0;
+        let parcel = std::sync::Arc::new(crate::Parcel {
+            process_id: "p-1".to_string(),
+            delivery_id: "t/0/7".to_string(),
+            message: crate::v1::Message {
+                value: vec![9u8; 300].into(),
+                topic: "t".to_string(),
+                offset: 7,
+                ..Default::default()
+            },
+        });
+        let frames = vec![
+            Outgoing::Frame(ping(1)),
+            Outgoing::Parcel(crate::ParcelFrame::forward(5, parcel.clone())),
+            Outgoing::Frame(ping(0)),
+        ];
+        let inner: Vec<Bytes> = frames.iter().map(|f| f.encode_to_vec().into()).collect();
+        // One by one: byte for byte the `MeshSealed` that `seal` makes.
+        let (mut dialer, _) = linked_codecs(b"s");
+        let mut bytes = BytesMut::new();
+        dialer
+            .encode(FrameBatch(frames.clone()), &mut bytes)
+            .unwrap();
+        let mut expected = BytesMut::new();
+        for (n, frame) in inner.iter().enumerate() {
+            let frame = Frame::decode(frame.clone()).unwrap();
+            FrameCodec::new(1024)
+                .encode_frame(&seal(&key, n as u64 + 1, &frame), &mut expected)
+                .unwrap();
+        }
+        assert_eq!(bytes, expected);
+        // Batched: the `MeshSealed` with `frames` and the batch MAC.
+        let (mut dialer, _) = linked_codecs(b"s");
+        dialer.send_batches(true);
+        let mut bytes = BytesMut::new();
+        dialer.encode(FrameBatch(frames), &mut bytes).unwrap();
+        let mac = sealed_batch_mac(&key, 1, &inner).finalize().into_bytes();
+        assert_eq!(
+            sealed_frames(&bytes),
+            [MeshSealed {
+                seq: 1,
+                frame: Bytes::new(),
+                mac: Bytes::copy_from_slice(&mac),
+                frames: inner,
+            }]
+        );
     }
 
     #[test]

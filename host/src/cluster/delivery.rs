@@ -27,7 +27,7 @@ use futures::FutureExt as _;
 use futures::future::BoxFuture;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
-use wasmrelay_protocol::{Backoff, v1};
+use wasmrelay_protocol::{Backoff, Parcel, v1};
 
 use super::delivery_lines::DeliveryLines;
 use super::mesh::LookupFound;
@@ -57,16 +57,15 @@ pub struct DeliveryPolicy {
 
 /// Hands a message to a process on another node (the mesh).
 pub trait Forwarder: Send + Sync + std::fmt::Debug + 'static {
-    /// Queues the message on the link to `node` (in call order), waiting
+    /// Queues the parcel (a message for its process) on the link to `node`
+    /// (in call order), waiting
     /// while as many forwards to the process as `node` holds are
     /// unanswered, and returns the future of the process's answer there;
     /// `Err` when there is no usable link to `node` now.
     fn forward<'a>(
         &'a self,
         node: &'a str,
-        process_id: &'a str,
-        delivery_id: String,
-        message: v1::Message,
+        parcel: Arc<Parcel>,
     ) -> BoxFuture<'a, Result<BoxFuture<'static, Result<(), ForwardError>>, ForwardError>>;
 
     /// Asks the other nodes whether `process_id` is connected to one of
@@ -204,21 +203,28 @@ impl ClusterDelivery {
         message: OutputRecord,
         abort: CancellationToken,
     ) -> BoxFuture<'static, DeliveryEnd> {
-        let delivery_id = input.delivery_id();
-        let message = to_wire(input, message);
+        // Every attempt shares it: handing it over costs a reference count.
+        let parcel = Arc::new(Parcel {
+            delivery_id: input.delivery_id(),
+            message: to_wire(input, message),
+            process_id,
+        });
         // A message that can never fit a frame to a process is not tried.
-        if let Err(unfit) = self.gateway.check_fits(&delivery_id, &message) {
-            tracing::warn!(process = %process_id, %delivery_id, %unfit, "dead-lettering a message that can never be delivered");
+        if let Err(unfit) = self
+            .gateway
+            .check_fits(&parcel.delivery_id, &parcel.message)
+        {
+            tracing::warn!(process = %parcel.process_id, delivery_id = %parcel.delivery_id, %unfit, "dead-lettering a message that can never be delivered");
             return futures::future::ready(DeliveryEnd::GaveUp(unfit.to_string())).boxed();
         }
         let deadline = Instant::now() + self.policy.ttl;
-        let place = self.lines.take(&process_id, input);
+        let place = self.lines.take(&parcel.process_id, input);
         // Handed over here, in the partition's order, when the line is
         // healthy; while it recovers, the delivery waits for its turn in
         // the returned future, so the partition's next records (of this
         // key too) take their places meanwhile.
         let first = if place.goes_at_once() {
-            let mut first = self.attempt(&process_id, &delivery_id, &message).await;
+            let mut first = self.attempt(&parcel).await;
             // An attempt that failed at once (the process connected
             // nowhere) holds the line before the next record starts.
             if let Some(result) = (&mut first).now_or_never() {
@@ -241,13 +247,13 @@ impl ClusterDelivery {
                         _ = place.first_turn() => {}
                     }
                     if Instant::now() >= deadline {
-                        return DeliveryEnd::GaveUp(this.expired_waiting(&process_id));
+                        return DeliveryEnd::GaveUp(this.expired_waiting(&parcel.process_id));
                     }
                     // Boxed here and below: rare paths, which would
                     // otherwise make every delivery's future larger.
                     let first = tokio::select! {
                         _ = abort.cancelled() => return DeliveryEnd::Aborted,
-                        first = Box::pin(this.attempt(&process_id, &delivery_id, &message)) => first,
+                        first = Box::pin(this.attempt(&parcel)) => first,
                     };
                     place.handed_over();
                     first
@@ -280,7 +286,7 @@ impl ClusterDelivery {
                         this.policy.ttl
                     ));
                 }
-                tracing::debug!(process = %process_id, %delivery_id, %reason, retry_in = ?pause, "delivery failed; retrying");
+                tracing::debug!(process = %parcel.process_id, delivery_id = %parcel.delivery_id, %reason, retry_in = ?pause, "delivery failed; retrying");
                 let waited = tokio::select! {
                     _ = abort.cancelled() => return DeliveryEnd::Aborted,
                     waited = async {
@@ -302,7 +308,7 @@ impl ClusterDelivery {
                 this.policy.retried.inc();
                 attempt = tokio::select! {
                     _ = abort.cancelled() => return DeliveryEnd::Aborted,
-                    attempt = Box::pin(this.attempt(&process_id, &delivery_id, &message)) => attempt,
+                    attempt = Box::pin(this.attempt(&parcel)) => attempt,
                 };
             }
         }
@@ -326,21 +332,18 @@ impl ClusterDelivery {
 
     /// One attempt: hand the message to the process's connection (or the
     /// mesh link to its node); the returned future waits for its answer.
-    async fn attempt(&self, process_id: &str, delivery_id: &str, message: &v1::Message) -> Attempt {
-        // `start` checked the message fits a frame; the message is cloned
-        // for the connection or the link that takes it, not before.
+    async fn attempt(&self, parcel: &Arc<Parcel>) -> Attempt {
+        // `start` checked the message fits a frame.
+        let process_id = parcel.process_id.as_str();
         match self.gateway.session(process_id) {
             Some(session) => {
                 // Waiting for the process's room is boxed: rare, and it would
                 // make the future of every delivery larger.
-                let answer = match session.try_deliver(delivery_id.to_string(), message.clone()) {
+                let answer = match session.try_deliver(parcel.clone()) {
                     Ok(answer) => answer,
                     Err(no_room) => {
-                        let NoRoom {
-                            delivery_id,
-                            message,
-                        } = *no_room;
-                        Box::pin(session.deliver(delivery_id, message)).await
+                        let NoRoom { parcel } = *no_room;
+                        Box::pin(session.deliver(parcel)).await
                     }
                 };
                 async move {
@@ -374,7 +377,7 @@ impl ClusterDelivery {
                 }
                 let result = match (elsewhere, &self.forwarder) {
                     (Some(node), Some(forwarder)) => forwarder
-                        .forward(&node, process_id, delivery_id.to_string(), message.clone())
+                        .forward(&node, parcel.clone())
                         .await
                         .map(|answer| {
                             let routes = self.routes.clone();

@@ -738,15 +738,13 @@ impl Forwarder for Mesh {
     fn forward<'a>(
         &'a self,
         node: &'a str,
-        process_id: &'a str,
-        delivery_id: String,
-        message: wasmrelay_protocol::v1::Message,
+        parcel: Arc<wasmrelay_protocol::Parcel>,
     ) -> futures::future::BoxFuture<
         'a,
         Result<futures::future::BoxFuture<'static, Result<(), ForwardError>>, ForwardError>,
     > {
         Box::pin(async move {
-            let outcome = Mesh::forward(self, node, process_id, delivery_id, message)
+            let outcome = Mesh::forward(self, node, parcel)
                 .await
                 .map_err(|e| match e {
                     super::mesh::MeshError::TooLarge { .. } => {

@@ -26,7 +26,7 @@ use wasmrelay_protocol::io::{FrameReader, FrameWriter};
 use wasmrelay_protocol::v1::{self, ErrorCode};
 use wasmrelay_protocol::{CodecError, Frame, FrameCodec, Kind, PROTOCOL_VERSION};
 
-use super::session::{DeliveryResult, Ending, Session};
+use super::session::{DeliveryResult, Ending, Outbound, Session};
 use super::upstream_sends::OrderedSends;
 use super::{Gateway, Placement};
 use crate::net::Stream;
@@ -47,7 +47,7 @@ struct Registered {
     frames: Source,
     sink: Sink,
     session: Arc<Session>,
-    outbound: mpsc::Receiver<Box<Frame>>,
+    outbound: mpsc::Receiver<Outbound>,
 }
 
 /// Serves one accepted connection until it ends.
@@ -414,6 +414,14 @@ fn answer(
     }
 }
 
+/// Encodes one queued frame into the batch the writer writes next.
+fn queue(sink: &mut Sink, frame: &Outbound) -> Result<(), CodecError> {
+    match frame {
+        Outbound::Frame(frame) => sink.queue(&**frame),
+        Outbound::Deliver(deliver) => sink.queue(deliver),
+    }
+}
+
 /// Writes the session's queued frames, flushing when the queue runs dry;
 /// when the session ends, writes the last word (`Replaced` or `Error`) and
 /// closes the socket. A write that does not finish within `write_timeout`
@@ -422,7 +430,7 @@ fn answer(
 /// task, nor the node's shutdown, waiting.
 async fn write_frames(
     mut sink: Sink,
-    mut outbound: mpsc::Receiver<Box<Frame>>,
+    mut outbound: mpsc::Receiver<Outbound>,
     session: Arc<Session>,
     write_timeout: Duration,
 ) {
@@ -438,13 +446,13 @@ async fn write_frames(
                 None => break,
             },
         };
-        if sink.queue(&frame).is_err() {
+        if queue(&mut sink, &frame).is_err() {
             break;
         }
         for _ in 1..WRITE_BATCH {
             match outbound.try_recv() {
                 Ok(frame) => {
-                    if sink.queue(&frame).is_err() {
+                    if queue(&mut sink, &frame).is_err() {
                         break 'outer;
                     }
                 }

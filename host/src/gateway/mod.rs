@@ -33,7 +33,7 @@ use tokio::net::TcpListener;
 use tokio::sync::oneshot;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
-use wasmrelay_protocol::v1;
+use wasmrelay_protocol::{Parcel, v1};
 
 pub use auth::ClientAuth;
 pub use session::{DeliverError, DeliveryResult, Ending, NoRoom, Session};
@@ -434,11 +434,25 @@ impl Gateway {
         delivery_id: String,
         message: v1::Message,
     ) -> Result<oneshot::Receiver<DeliveryResult>, DeliverError> {
-        self.check_fits(&delivery_id, &message)?;
+        self.deliver_parcel(Arc::new(Parcel {
+            process_id: process_id.to_string(),
+            delivery_id,
+            message,
+        }))
+        .await
+    }
+
+    /// [`Gateway::deliver`] of a parcel (its process, delivery id and
+    /// message).
+    pub async fn deliver_parcel(
+        &self,
+        parcel: Arc<Parcel>,
+    ) -> Result<oneshot::Receiver<DeliveryResult>, DeliverError> {
+        self.check_fits(&parcel.delivery_id, &parcel.message)?;
         let session = self
-            .session(process_id)
-            .ok_or_else(|| DeliverError::NotHere(process_id.to_string()))?;
-        Ok(session.deliver(delivery_id, message).await)
+            .session(&parcel.process_id)
+            .ok_or_else(|| DeliverError::NotHere(parcel.process_id.clone()))?;
+        Ok(session.deliver(parcel).await)
     }
 
     /// Whether `message` fits in a frame to a process (see

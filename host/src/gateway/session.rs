@@ -13,14 +13,14 @@
 //! caller retries it through the cluster: nothing waits forever and nothing
 //! is dropped silently.
 
-use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tokio::sync::{Semaphore, TryAcquireError, mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
-use wasmrelay_protocol::v1::{self, ErrorCode};
-use wasmrelay_protocol::{Frame, Kind};
+use wasmrelay_protocol::v1::ErrorCode;
+use wasmrelay_protocol::{Frame, Parcel, ParcelFrame};
 
 use crate::pending::{NotRegistered, PendingAnswers};
 
@@ -96,6 +96,19 @@ fn lost(reason: String) -> oneshot::Receiver<DeliveryResult> {
     rx
 }
 
+/// What a session's queue holds for its connection's writer.
+#[derive(Debug)]
+pub(crate) enum Outbound {
+    /// A frame other than a delivery, boxed: the queue's first block holds
+    /// 32 of these from the start, on every idle connection.
+    Frame(Box<Frame>),
+    /// A `Deliver`, encoded from the message every attempt shares.
+    Deliver(ParcelFrame),
+}
+
+// Every idle connection's queue holds a block of 32 from the start.
+const _: () = assert!(std::mem::size_of::<Outbound>() <= 24);
+
 /// A registered process's connection, shared by the connection task and
 /// the senders of deliveries.
 #[derive(Debug)]
@@ -103,9 +116,10 @@ pub struct Session {
     process_id: String,
     connection_id: u64,
     peer: String,
-    /// Frames to the client, boxed: the queue's first block holds 32 of
-    /// them from the start, 6 KiB of every idle connection were they not.
-    outbound: mpsc::Sender<Box<Frame>>,
+    /// Frames to the client (small: the queue's first block holds 32 of
+    /// them from the start, 6 KiB of every idle connection were frames in
+    /// it unboxed).
+    outbound: mpsc::Sender<Outbound>,
     pending: PendingAnswers<DeliveryResult>,
     next_seq: AtomicU64,
     max_unacked: usize,
@@ -120,10 +134,8 @@ pub struct Session {
 /// handed back.
 #[derive(Debug)]
 pub struct NoRoom {
-    /// The delivery's id.
-    pub delivery_id: String,
-    /// The message.
-    pub message: v1::Message,
+    /// The delivery.
+    pub parcel: Arc<Parcel>,
 }
 
 impl Session {
@@ -131,7 +143,7 @@ impl Session {
         process_id: String,
         connection_id: u64,
         peer: String,
-        outbound: mpsc::Sender<Box<Frame>>,
+        outbound: mpsc::Sender<Outbound>,
         max_unacked: usize,
         slow_consumer_timeout: Duration,
     ) -> Session {
@@ -199,17 +211,13 @@ impl Session {
     /// `slow_consumer_timeout` of that, or when the queue of frames is full,
     /// the session ends with `SLOW_CONSUMER` and every pending delivery,
     /// this one included, resolves as lost.
-    pub async fn deliver(
-        &self,
-        delivery_id: String,
-        message: v1::Message,
-    ) -> oneshot::Receiver<DeliveryResult> {
-        match self.try_deliver(delivery_id, message) {
+    pub async fn deliver(&self, parcel: Arc<Parcel>) -> oneshot::Receiver<DeliveryResult> {
+        match self.try_deliver(parcel) {
             Ok(answer) => answer,
             // Boxed: the wait (a timer) is the rare case, and the future of
             // every delivery would otherwise carry it.
             Err(no_room) => match Box::pin(self.wait_for_room()).await {
-                Ok(()) => self.queue(no_room.delivery_id, no_room.message),
+                Ok(()) => self.queue(no_room.parcel),
                 Err(lost) => lost,
             },
         }
@@ -220,36 +228,24 @@ impl Session {
     /// that tries first keeps the wait out of its own future.
     pub fn try_deliver(
         &self,
-        delivery_id: String,
-        message: v1::Message,
+        parcel: Arc<Parcel>,
     ) -> Result<oneshot::Receiver<DeliveryResult>, Box<NoRoom>> {
         match self.capacity.try_acquire() {
             Ok(permit) => {
                 permit.forget();
-                Ok(self.queue(delivery_id, message))
+                Ok(self.queue(parcel))
             }
             Err(TryAcquireError::Closed) => Ok(lost(self.reason_closed())),
-            Err(TryAcquireError::NoPermits) => Err(Box::new(NoRoom {
-                delivery_id,
-                message,
-            })),
+            Err(TryAcquireError::NoPermits) => Err(Box::new(NoRoom { parcel })),
         }
     }
 
     /// Queues a delivery for which room was taken.
-    fn queue(
-        &self,
-        delivery_id: String,
-        message: v1::Message,
-    ) -> oneshot::Receiver<DeliveryResult> {
+    fn queue(&self, parcel: Arc<Parcel>) -> oneshot::Receiver<DeliveryResult> {
         let registered = self.pending.register(|_| {
             let seq = self.next_seq.fetch_add(1, Ordering::Relaxed);
-            let frame = Frame::of(Kind::Deliver(v1::Deliver {
-                seq,
-                delivery_id,
-                message: Some(message),
-            }));
-            match self.outbound.try_send(Box::new(frame)) {
+            let frame = ParcelFrame::deliver(seq, parcel);
+            match self.outbound.try_send(Outbound::Deliver(frame)) {
                 Ok(()) => Ok(seq),
                 Err(mpsc::error::TrySendError::Full(_)) => Err(true),
                 Err(mpsc::error::TrySendError::Closed(_)) => Err(false),
@@ -285,7 +281,7 @@ impl Session {
     /// Queues a frame that is not a delivery (SendAck, Pong); false when the
     /// queue is full or closed (the session is then ended as too slow).
     pub(crate) fn send_frame(&self, frame: Frame) -> bool {
-        match self.outbound.try_send(Box::new(frame)) {
+        match self.outbound.try_send(Outbound::Frame(Box::new(frame))) {
             Ok(()) => true,
             Err(mpsc::error::TrySendError::Full(_)) => {
                 self.close(

@@ -29,7 +29,7 @@ use wasmrelay_protocol::mesh_auth::{
     MeshCodec, SessionKeys, hello_mac, seal, verify_welcome, welcome_mac,
 };
 use wasmrelay_protocol::v1::{self, ErrorCode};
-use wasmrelay_protocol::{Frame, FrameCodec, Kind};
+use wasmrelay_protocol::{Frame, FrameCodec, Kind, Parcel};
 
 const STEP: Duration = Duration::from_secs(5);
 const SECRET: &[u8] = b"the cluster secret";
@@ -439,10 +439,12 @@ async fn a_sender_keeps_no_more_forwards_to_a_process_unanswered_than_its_peer_h
         tokio::spawn(async move {
             let mut answers = Vec::new();
             for n in 0..total {
-                let answer = mesh
-                    .forward("b", "p-1", format!("t/0/{n}"), message("x"))
-                    .await
-                    .unwrap();
+                let parcel = Arc::new(Parcel {
+                    process_id: "p-1".to_string(),
+                    delivery_id: format!("t/0/{n}"),
+                    message: message("x"),
+                });
+                let answer = mesh.forward("b", parcel).await.unwrap();
                 answers.push(answer);
             }
             answers

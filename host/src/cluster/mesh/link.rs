@@ -27,7 +27,7 @@ use wasmrelay_protocol::mesh_auth::{
     MeshCodec, MeshWireError, SessionKeys, hello_mac, sealed_len, verify_welcome,
 };
 use wasmrelay_protocol::v1::{self, ErrorCode, ForwardResult};
-use wasmrelay_protocol::{Backoff, Frame, Kind, PROTOCOL_VERSION};
+use wasmrelay_protocol::{Backoff, Frame, Kind, Outgoing, PROTOCOL_VERSION, Parcel, ParcelFrame};
 
 use super::windows::{FORWARDS_WAITING_PER_PROCESS, ProcessWindows, Room};
 use super::wire::{self, Conn};
@@ -107,7 +107,7 @@ impl PeerSlot {
 #[derive(Debug)]
 pub(super) struct Link {
     node_id: String,
-    queue: mpsc::Sender<Frame>,
+    queue: mpsc::Sender<Outgoing>,
     capacity: usize,
     max_frame_bytes: usize,
     /// Forwards waiting for their `ForwardAck`, by seq; closed with the link.
@@ -129,7 +129,7 @@ pub(super) struct Link {
 }
 
 impl Link {
-    fn new(node_id: &str, queue: mpsc::Sender<Frame>, options: &MeshOptions) -> Link {
+    fn new(node_id: &str, queue: mpsc::Sender<Outgoing>, options: &MeshOptions) -> Link {
         Link {
             node_id: node_id.to_string(),
             queue,
@@ -173,20 +173,13 @@ impl Link {
         &self,
         stats: &MeshStats,
         room: Room,
-        process_id: &str,
-        delivery_id: String,
-        message: v1::Message,
+        parcel: Arc<Parcel>,
     ) -> Result<Forwarded, MeshError> {
         // Queued under the table's lock, so an ack cannot be looked up
         // before its forward is pending, and closing cannot miss it.
         let registered = self.pending.register_holding(room, |_| {
             let seq = self.next_seq.fetch_add(1, Ordering::Relaxed);
-            let frame = Frame::of(Kind::Forward(v1::Forward {
-                seq,
-                process_id: process_id.to_string(),
-                delivery_id,
-                message: Some(message),
-            }));
+            let frame = ParcelFrame::forward(seq, parcel);
             // The frame goes out sealed: the sealed size is what is limited.
             let bytes = sealed_len(frame.encoded_len());
             if bytes > self.max_frame_bytes {
@@ -195,7 +188,7 @@ impl Link {
                     max: self.max_frame_bytes,
                 });
             }
-            match self.queue.try_send(frame) {
+            match self.queue.try_send(Outgoing::Parcel(frame)) {
                 Ok(()) => Ok(seq),
                 Err(mpsc::error::TrySendError::Full(_)) => Err(MeshError::QueueFull {
                     node_id: self.node_id.clone(),
@@ -240,7 +233,7 @@ impl Link {
                 if sealed_len(frame.encoded_len()) > self.max_frame_bytes {
                     return Err(());
                 }
-                self.queue.try_send(frame).map_err(|_| ())?;
+                self.queue.try_send(frame.into()).map_err(|_| ())?;
                 Ok(lookup_id)
             })
             .ok()?;
@@ -261,7 +254,7 @@ impl Link {
             from_offset: from,
             to_offset: to,
         }));
-        let queued = self.queue.try_send(frame).is_ok();
+        let queued = self.queue.try_send(frame.into()).is_ok();
         if queued {
             self.sent_since_tick.store(true, Ordering::Relaxed);
         }
@@ -546,7 +539,7 @@ async fn run(shared: &Shared, slot: &PeerSlot, conn: Conn) -> String {
                 if !received_since_tick || !sent {
                     ping_nonce += 1;
                     // A full queue means the link is busy: no ping needed.
-                    let _ = link.queue.try_send(Frame::of(Kind::Ping(v1::Ping { nonce: ping_nonce })));
+                    let _ = link.queue.try_send(Frame::of(Kind::Ping(v1::Ping { nonce: ping_nonce })).into());
                 }
                 received_since_tick = false;
                 link.windows.drop_idle();
@@ -650,7 +643,7 @@ fn handle_frame(stats: &MeshStats, link: &Link, frame: Frame) -> Result<(), Clos
         Some(Kind::Ping(ping)) => {
             let _ = link
                 .queue
-                .try_send(Frame::of(Kind::Pong(v1::Pong { nonce: ping.nonce })));
+                .try_send(Frame::of(Kind::Pong(v1::Pong { nonce: ping.nonce })).into());
             Ok(())
         }
         Some(Kind::Pong(_)) => Ok(()),

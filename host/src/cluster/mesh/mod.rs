@@ -54,7 +54,7 @@ use tokio::net::TcpListener;
 use tokio::sync::{oneshot, watch};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
-use wasmrelay_protocol::v1;
+use wasmrelay_protocol::{Parcel, v1};
 
 use crate::gateway::Gateway;
 
@@ -581,8 +581,8 @@ impl Mesh {
         self.shared.publish_linked();
     }
 
-    /// Queues a `Forward` of `message` for `process_id` on the link to
-    /// `node_id`, in order with the other forwards queued on it, and returns
+    /// Queues a `Forward` of `parcel` (a message for its process) on the
+    /// link to `node_id`, in order with the other forwards queued on it, and returns
     /// where its outcome arrives. Waits while as many forwards to the
     /// process as the peer holds ([`FORWARDS_WAITING_PER_PROCESS`]) are
     /// unanswered on the link, so the peer never has to refuse one for
@@ -593,19 +593,17 @@ impl Mesh {
     pub async fn forward(
         &self,
         node_id: &str,
-        process_id: &str,
-        delivery_id: String,
-        message: v1::Message,
+        parcel: Arc<Parcel>,
     ) -> Result<Forwarded, MeshError> {
         let link = self.link(node_id)?;
-        let room = match link.try_room(process_id) {
+        let room = match link.try_room(&parcel.process_id) {
             Ok(room) => room,
-            Err(_) => link.room(process_id).await?,
+            Err(_) => link.room(&parcel.process_id).await?,
         };
-        link.forward(&self.shared.stats, room, process_id, delivery_id, message)
+        link.forward(&self.shared.stats, room, parcel)
     }
 
-    /// [`Mesh::forward`] without waiting: refused
+    /// [`Mesh::forward`] of `message` for `process_id`, without waiting: refused
     /// ([`MeshError::WindowFull`]) when the process's window is full.
     pub fn try_forward(
         &self,
@@ -616,7 +614,12 @@ impl Mesh {
     ) -> Result<Forwarded, MeshError> {
         let link = self.link(node_id)?;
         let room = link.try_room(process_id)?;
-        link.forward(&self.shared.stats, room, process_id, delivery_id, message)
+        let parcel = Arc::new(Parcel {
+            process_id: process_id.to_string(),
+            delivery_id,
+            message,
+        });
+        link.forward(&self.shared.stats, room, parcel)
     }
 
     /// The link to `node_id`, if one is up.

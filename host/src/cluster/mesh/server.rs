@@ -30,7 +30,7 @@ use wasmrelay_protocol::mesh_auth::{
     MAX_CLOCK_SKEW_MS, MeshCodec, SessionKeys, verify_hello, welcome_mac,
 };
 use wasmrelay_protocol::v1::{self, ErrorCode, ForwardResult};
-use wasmrelay_protocol::{Frame, Kind, PROTOCOL_VERSION};
+use wasmrelay_protocol::{Frame, Kind, Outgoing, PROTOCOL_VERSION, Parcel};
 
 use super::link::{NONCE_BYTES, code_name};
 use super::wire::{self, Conn};
@@ -510,12 +510,12 @@ async fn run_lane(
 /// room): the future of its `ForwardAck`.
 async fn handed_to_gateway(mesh: &Mesh, forward: v1::Forward) -> BoxFuture<'static, Frame> {
     let seq = forward.seq;
-    let message = forward.message.unwrap_or_default();
-    match mesh
-        .gateway()
-        .deliver(&forward.process_id, forward.delivery_id, message)
-        .await
-    {
+    let parcel = Arc::new(Parcel {
+        process_id: forward.process_id,
+        delivery_id: forward.delivery_id,
+        message: forward.message.unwrap_or_default(),
+    });
+    match mesh.gateway().deliver_parcel(parcel).await {
         Ok(answer) => Box::pin(async move { forward_ack(seq, answer.await) }),
         Err(error) => {
             let result = match error {
@@ -563,9 +563,9 @@ fn forward_ack(seq: u64, answer: Result<DeliveryResult, oneshot::error::RecvErro
 }
 
 /// Queues a frame to the peer; false when the link is closing.
-async fn enqueue(queue: &mpsc::Sender<Frame>, closed: &CancellationToken, frame: Frame) -> bool {
+async fn enqueue(queue: &mpsc::Sender<Outgoing>, closed: &CancellationToken, frame: Frame) -> bool {
     tokio::select! {
         _ = closed.cancelled() => false,
-        sent = queue.send(frame) => sent.is_ok(),
+        sent = queue.send(Outgoing::Frame(frame)) => sent.is_ok(),
     }
 }

@@ -10,8 +10,8 @@ use futures::stream::SplitSink;
 use tokio::sync::mpsc;
 use tokio_util::codec::Framed;
 use tokio_util::sync::CancellationToken;
-use wasmrelay_protocol::Frame;
 use wasmrelay_protocol::mesh_auth::{FrameBatch, MeshCodec, MeshWireError};
+use wasmrelay_protocol::{Frame, Outgoing};
 
 /// How long the last frame to a closing peer may take to go out.
 const FAREWELL_TIMEOUT: Duration = Duration::from_secs(1);
@@ -31,7 +31,7 @@ pub(super) type Sink = SplitSink<Conn, FrameBatch>;
 /// stops too) and is returned with the sink.
 pub(super) async fn write_frames(
     mut sink: Sink,
-    mut queue: mpsc::Receiver<Frame>,
+    mut queue: mpsc::Receiver<Outgoing>,
     closed: CancellationToken,
 ) -> (Sink, Option<MeshWireError>) {
     let error = loop {
@@ -65,7 +65,11 @@ pub(super) async fn write_frames(
 /// Sends `last_word` (if any) and closes the sink, each within a second.
 pub(super) async fn farewell(mut sink: Sink, last_word: Option<Frame>) {
     if let Some(frame) = last_word {
-        let _ = tokio::time::timeout(FAREWELL_TIMEOUT, sink.send(FrameBatch(vec![frame]))).await;
+        let _ = tokio::time::timeout(
+            FAREWELL_TIMEOUT,
+            sink.send(FrameBatch(vec![Outgoing::Frame(frame)])),
+        )
+        .await;
     }
     let _ = tokio::time::timeout(FAREWELL_TIMEOUT, sink.close()).await;
 }
