@@ -19,18 +19,22 @@
 //! round trip when a peer holds the process or every peer says no, and at
 //! most the mesh's lookup timeout (1 s) when a peer does not answer.
 
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
+use std::task::{Context, Poll, ready};
 use std::time::Duration;
 
 use bytes::Bytes;
 use futures::FutureExt as _;
 use futures::future::BoxFuture;
+use tokio::sync::oneshot;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use wasmrelay_protocol::{Backoff, Parcel, v1};
 
 use super::delivery_lines::DeliveryLines;
-use super::mesh::LookupFound;
+use super::mesh::{ForwardOutcome, Forwarded, LookupFound};
 use super::router::ProcessRouter;
 use super::routes::RouteTable;
 use crate::flow::dead_letter::Stage;
@@ -58,15 +62,24 @@ pub struct DeliveryPolicy {
 /// Hands a message to a process on another node (the mesh).
 pub trait Forwarder: Send + Sync + std::fmt::Debug + 'static {
     /// Queues the parcel (a message for its process) on the link to `node`
-    /// (in call order), waiting
-    /// while as many forwards to the process as `node` holds are
-    /// unanswered, and returns the future of the process's answer there;
-    /// `Err` when there is no usable link to `node` now.
+    /// (in call order) when as many forwards to the process as `node`
+    /// holds are not all unanswered, and returns where the process's answer
+    /// there arrives; `None` when they are (wait with
+    /// [`Forwarder::forward`]); `Err` when there is no usable link to
+    /// `node` now.
+    fn try_forward(
+        &self,
+        node: &str,
+        parcel: &Arc<Parcel>,
+    ) -> Option<Result<Forwarded, ForwardError>>;
+
+    /// [`Forwarder::try_forward`], waiting while the process's forwards
+    /// are all unanswered.
     fn forward<'a>(
         &'a self,
         node: &'a str,
         parcel: Arc<Parcel>,
-    ) -> BoxFuture<'a, Result<BoxFuture<'static, Result<(), ForwardError>>, ForwardError>>;
+    ) -> BoxFuture<'a, Result<Forwarded, ForwardError>>;
 
     /// Asks the other nodes whether `process_id` is connected to one of
     /// them; resolves with the first that says so, or `None` (all said no,
@@ -171,7 +184,76 @@ pub struct ClusterDelivery {
     lines: Arc<DeliveryLines>,
 }
 
-type Attempt = BoxFuture<'static, Result<(), AttemptFailure>>;
+/// The answer to one attempt, from the process's connection here or from
+/// the node the message was forwarded to.
+#[derive(Debug)]
+enum Attempt {
+    /// Known already (taken once).
+    Ready(Option<Result<(), AttemptFailure>>),
+    /// From the process's connection here.
+    Here(oneshot::Receiver<DeliveryResult>),
+    /// From `node`, where the process is by the route table.
+    Forwarded {
+        answer: Forwarded,
+        node: String,
+        parcel: Arc<Parcel>,
+        routes: Option<Arc<RouteTable>>,
+    },
+}
+
+impl Attempt {
+    fn failed(reason: AttemptFailure) -> Attempt {
+        Attempt::Ready(Some(Err(reason)))
+    }
+}
+
+impl Future for Attempt {
+    type Output = Result<(), AttemptFailure>;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        match &mut *self {
+            Attempt::Ready(result) => {
+                Poll::Ready(result.take().expect("an attempt's answer is taken once"))
+            }
+            Attempt::Here(answer) => Poll::Ready(match ready!(Pin::new(answer).poll(cx)) {
+                Ok(DeliveryResult::Acked) => Ok(()),
+                Ok(DeliveryResult::Nacked(reason)) => Err(AttemptFailure::Refused(reason)),
+                Ok(DeliveryResult::Lost(reason)) => Err(AttemptFailure::ConnectionEnded(reason)),
+                Err(_) => Err(AttemptFailure::ConnectionEnded(
+                    "the session went away".to_string(),
+                )),
+            }),
+            Attempt::Forwarded {
+                answer,
+                node,
+                parcel,
+                routes,
+            } => {
+                let outcome = ready!(Pin::new(answer).poll(cx));
+                let node = std::mem::take(node);
+                let error = match outcome {
+                    Ok(ForwardOutcome::Delivered) => return Poll::Ready(Ok(())),
+                    Ok(ForwardOutcome::NotHere(reason)) => {
+                        // A route learned from a lookup that went stale is
+                        // not kept (one read from the topic is: its
+                        // tombstone will come).
+                        if let Some(routes) = routes {
+                            routes.forget_learned(&parcel.process_id, &node);
+                        }
+                        ForwardError::NotHere { node, reason }
+                    }
+                    Ok(ForwardOutcome::Failed(reason)) => ForwardError::Failed { node, reason },
+                    Ok(ForwardOutcome::Lost(reason)) => ForwardError::Lost { node, reason },
+                    Err(_) => ForwardError::Lost {
+                        node,
+                        reason: "the link went away".to_string(),
+                    },
+                };
+                Poll::Ready(Err(AttemptFailure::Forwarded(error)))
+            }
+        }
+    }
+}
 
 impl ClusterDelivery {
     /// Delivers to processes connected to `gateway` and, through
@@ -231,7 +313,7 @@ impl ClusterDelivery {
                 if result.is_err() {
                     place.failed();
                 }
-                first = futures::future::ready(result).boxed();
+                first = Attempt::Ready(Some(result));
             }
             Some(first)
         } else {
@@ -335,85 +417,63 @@ impl ClusterDelivery {
     async fn attempt(&self, parcel: &Arc<Parcel>) -> Attempt {
         // `start` checked the message fits a frame.
         let process_id = parcel.process_id.as_str();
-        match self.gateway.session(process_id) {
-            Some(session) => {
-                // Waiting for the process's room is boxed: rare, and it would
-                // make the future of every delivery larger.
-                let answer = match session.try_deliver(parcel.clone()) {
-                    Ok(answer) => answer,
-                    Err(no_room) => {
-                        let NoRoom { parcel } = *no_room;
-                        Box::pin(session.deliver(parcel)).await
-                    }
-                };
-                async move {
-                    match answer.await {
-                        Ok(DeliveryResult::Acked) => Ok(()),
-                        Ok(DeliveryResult::Nacked(reason)) => Err(AttemptFailure::Refused(reason)),
-                        Ok(DeliveryResult::Lost(reason)) => {
-                            Err(AttemptFailure::ConnectionEnded(reason))
-                        }
-                        Err(_) => Err(AttemptFailure::ConnectionEnded(
-                            "the session went away".to_string(),
-                        )),
-                    }
+        if let Some(session) = self.gateway.session(process_id) {
+            // Waiting for the process's room is boxed: rare, and it would
+            // make the future of every delivery larger.
+            let answer = match session.try_deliver(parcel.clone()) {
+                Ok(answer) => answer,
+                Err(no_room) => {
+                    let NoRoom { parcel } = *no_room;
+                    Box::pin(session.deliver(parcel)).await
                 }
-                .boxed()
+            };
+            return Attempt::Here(answer);
+        }
+        let mut elsewhere = self.routes.as_ref().and_then(|r| r.lookup(process_id));
+        if elsewhere.is_none()
+            && let Some(forwarder) = &self.forwarder
+        {
+            // The table may have missed the route record: ask the peers
+            // (the holder also writes its route again).
+            if let Some(found) = forwarder.lookup(process_id).await {
+                tracing::debug!(process = %process_id, node = %found.node, generation = found.generation, "no route; a mesh lookup found the process");
+                if let Some(routes) = &self.routes {
+                    routes.learn(process_id, &found.node, found.generation);
+                }
+                elsewhere = Some(found.node);
             }
-            None => {
-                let mut elsewhere = self.routes.as_ref().and_then(|r| r.lookup(process_id));
-                if elsewhere.is_none()
-                    && let Some(forwarder) = &self.forwarder
-                {
-                    // The table may have missed the route record: ask the
-                    // peers (the holder also writes its route again).
-                    if let Some(found) = forwarder.lookup(process_id).await {
-                        tracing::debug!(process = %process_id, node = %found.node, generation = found.generation, "no route; a mesh lookup found the process");
-                        if let Some(routes) = &self.routes {
-                            routes.learn(process_id, &found.node, found.generation);
-                        }
-                        elsewhere = Some(found.node);
-                    }
-                }
-                let result = match (elsewhere, &self.forwarder) {
-                    (Some(node), Some(forwarder)) => forwarder
-                        .forward(&node, parcel.clone())
-                        .await
-                        .map(|answer| {
-                            let routes = self.routes.clone();
-                            let process_id = process_id.to_string();
-                            async move {
-                                let outcome = answer.await;
-                                // A route learned from a lookup that went
-                                // stale is not kept (one read from the
-                                // topic is: its tombstone will come).
-                                if let (Err(ForwardError::NotHere { node, .. }), Some(routes)) =
-                                    (&outcome, &routes)
-                                {
-                                    routes.forget_learned(&process_id, node);
-                                }
-                                outcome.map_err(AttemptFailure::Forwarded)
-                            }
-                            .boxed()
-                        })
-                        .map_err(|source| AttemptFailure::NotForwarded {
-                            process_id: process_id.to_string(),
-                            node,
-                            source,
-                        }),
-                    (Some(node), None) => Err(AttemptFailure::NoMesh {
-                        process_id: process_id.to_string(),
-                        node,
-                    }),
-                    (None, _) => Err(AttemptFailure::NotConnected(DeliverError::NotHere(
-                        process_id.to_string(),
-                    ))),
-                };
-                match result {
-                    Ok(answer) => answer,
-                    Err(reason) => async move { Err(reason) }.boxed(),
-                }
+        }
+        let (node, forwarder) = match (elsewhere, &self.forwarder) {
+            (Some(node), Some(forwarder)) => (node, forwarder),
+            (Some(node), None) => {
+                return Attempt::failed(AttemptFailure::NoMesh {
+                    process_id: process_id.to_string(),
+                    node,
+                });
             }
+            (None, _) => {
+                return Attempt::failed(AttemptFailure::NotConnected(DeliverError::NotHere(
+                    process_id.to_string(),
+                )));
+            }
+        };
+        // Waiting for room in the process's window is boxed, as above.
+        let forwarded = match forwarder.try_forward(&node, parcel) {
+            Some(forwarded) => forwarded,
+            None => forwarder.forward(&node, parcel.clone()).await,
+        };
+        match forwarded {
+            Ok(answer) => Attempt::Forwarded {
+                answer,
+                node,
+                parcel: parcel.clone(),
+                routes: self.routes.clone(),
+            },
+            Err(source) => Attempt::failed(AttemptFailure::NotForwarded {
+                process_id: process_id.to_string(),
+                node,
+                source,
+            }),
         }
     }
 }

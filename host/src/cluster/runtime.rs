@@ -15,7 +15,7 @@ use super::delivery::{ForwardError, Forwarder};
 use super::membership::{
     ClusterView, Heartbeat, MembershipOptions, check_no_live_twin, run_membership,
 };
-use super::mesh::{ForwardOutcome, LookupFound, Mesh, MeshOptions};
+use super::mesh::{Forwarded, LookupFound, Mesh, MeshError, MeshOptions};
 use super::rebalance::{RebalanceOptions, Rebalancer};
 use super::routes::{MissedRecords, RouteTable, follow_routes, publish_routes, refresh_routes};
 use crate::config::ClusterConfig;
@@ -735,49 +735,39 @@ async fn follow_peers(
 }
 
 impl Forwarder for Mesh {
+    fn try_forward(
+        &self,
+        node: &str,
+        parcel: &Arc<wasmrelay_protocol::Parcel>,
+    ) -> Option<Result<Forwarded, ForwardError>> {
+        match self.try_forward_parcel(node, parcel) {
+            Err(MeshError::WindowFull { .. }) => None,
+            forwarded => Some(forwarded.map_err(forward_error)),
+        }
+    }
+
     fn forward<'a>(
         &'a self,
         node: &'a str,
         parcel: Arc<wasmrelay_protocol::Parcel>,
-    ) -> futures::future::BoxFuture<
-        'a,
-        Result<futures::future::BoxFuture<'static, Result<(), ForwardError>>, ForwardError>,
-    > {
+    ) -> futures::future::BoxFuture<'a, Result<Forwarded, ForwardError>> {
         Box::pin(async move {
-            let outcome = Mesh::forward(self, node, parcel)
+            Mesh::forward(self, node, parcel)
                 .await
-                .map_err(|e| match e {
-                    super::mesh::MeshError::TooLarge { .. } => {
-                        ForwardError::TooLarge(e.to_string())
-                    }
-                    _ => ForwardError::NotQueued(e.to_string()),
-                })?;
-            let node = node.to_string();
-            let answer: futures::future::BoxFuture<'static, Result<(), ForwardError>> =
-                Box::pin(async move {
-                    match outcome.await {
-                        Ok(ForwardOutcome::Delivered) => Ok(()),
-                        Ok(ForwardOutcome::NotHere(reason)) => {
-                            Err(ForwardError::NotHere { node, reason })
-                        }
-                        Ok(ForwardOutcome::Failed(reason)) => {
-                            Err(ForwardError::Failed { node, reason })
-                        }
-                        Ok(ForwardOutcome::Lost(reason)) => {
-                            Err(ForwardError::Lost { node, reason })
-                        }
-                        Err(_) => Err(ForwardError::Lost {
-                            node,
-                            reason: "the link went away".to_string(),
-                        }),
-                    }
-                });
-            Ok(answer)
+                .map_err(forward_error)
         })
     }
 
     fn lookup(&self, process_id: &str) -> futures::future::BoxFuture<'static, Option<LookupFound>> {
         Mesh::lookup(self, process_id)
+    }
+}
+
+/// Why a forward was not queued, as the delivery sees it.
+fn forward_error(error: MeshError) -> ForwardError {
+    match error {
+        MeshError::TooLarge { .. } => ForwardError::TooLarge(error.to_string()),
+        _ => ForwardError::NotQueued(error.to_string()),
     }
 }
 

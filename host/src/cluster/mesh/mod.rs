@@ -603,6 +603,18 @@ impl Mesh {
         link.forward(&self.shared.stats, room, parcel)
     }
 
+    /// [`Mesh::forward`] without waiting: refused ([`MeshError::WindowFull`])
+    /// when the process's window is full, the parcel left with the caller.
+    pub fn try_forward_parcel(
+        &self,
+        node_id: &str,
+        parcel: &Arc<Parcel>,
+    ) -> Result<Forwarded, MeshError> {
+        let link = self.link(node_id)?;
+        let room = link.try_room(&parcel.process_id)?;
+        link.forward(&self.shared.stats, room, parcel.clone())
+    }
+
     /// [`Mesh::forward`] of `message` for `process_id`, without waiting: refused
     /// ([`MeshError::WindowFull`]) when the process's window is full.
     pub fn try_forward(
