@@ -33,7 +33,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use wasmrelay_protocol::{Backoff, Parcel, v1};
 
-use super::delivery_lines::DeliveryLines;
+use super::delivery_lines::{DeliveryLines, Place};
 use super::mesh::{ForwardOutcome, Forwarded, LookupFound};
 use super::router::ProcessRouter;
 use super::routes::RouteTable;
@@ -320,81 +320,122 @@ impl ClusterDelivery {
             None
         };
         let this = self.clone();
+        // The future of every delivery in flight: kept small (the common
+        // case is one attempt, answered), the rare paths boxed.
         async move {
-            let first = match first {
+            let mut attempt = match first {
                 Some(first) => first,
-                None => {
-                    tokio::select! {
-                        _ = abort.cancelled() => return DeliveryEnd::Aborted,
-                        _ = place.first_turn() => {}
-                    }
-                    if Instant::now() >= deadline {
-                        return DeliveryEnd::GaveUp(this.expired_waiting(&parcel.process_id));
-                    }
-                    // Boxed here and below: rare paths, which would
-                    // otherwise make every delivery's future larger.
-                    let first = tokio::select! {
-                        _ = abort.cancelled() => return DeliveryEnd::Aborted,
-                        first = Box::pin(this.attempt(&parcel)) => first,
-                    };
-                    place.handed_over();
-                    first
-                }
+                None => match Box::pin(this.first_at_turn(&parcel, &place, deadline, &abort)).await
+                {
+                    Ok(first) => first,
+                    Err(end) => return end,
+                },
             };
-            let mut backoff = Backoff::new(this.policy.initial_backoff, this.policy.max_backoff);
-            let mut attempt = first;
-            let mut attempts = 1u32;
-            loop {
-                let result = tokio::select! {
-                    _ = abort.cancelled() => return DeliveryEnd::Aborted,
-                    result = &mut attempt => result,
-                };
-                let reason = match result {
-                    Ok(()) => return DeliveryEnd::Delivered,
-                    Err(reason) if reason.is_permanent() => {
-                        return DeliveryEnd::GaveUp(reason.to_string());
-                    }
-                    Err(reason) => reason,
-                };
-                // Later deliveries of the line wait until this one settles.
-                place.failed();
-                // The time to live is spent before giving up: the last pause
-                // is cut short so that one more attempt falls on it.
-                let now = Instant::now();
-                let pause = backoff.next_pause().min(deadline.saturating_duration_since(now));
-                if now >= deadline {
-                    return DeliveryEnd::GaveUp(format!(
-                        "{reason} (time to live {:?} spent after {attempts} attempts)",
-                        this.policy.ttl
-                    ));
+            let result = tokio::select! {
+                _ = abort.cancelled() => return DeliveryEnd::Aborted,
+                result = &mut attempt => result,
+            };
+            match result {
+                Ok(()) => DeliveryEnd::Delivered,
+                Err(reason) if reason.is_permanent() => DeliveryEnd::GaveUp(reason.to_string()),
+                Err(reason) => {
+                    drop(attempt);
+                    Box::pin(this.retry(&parcel, &place, deadline, reason, &abort)).await
                 }
-                tracing::debug!(process = %parcel.process_id, delivery_id = %parcel.delivery_id, %reason, retry_in = ?pause, "delivery failed; retrying");
-                let waited = tokio::select! {
-                    _ = abort.cancelled() => return DeliveryEnd::Aborted,
-                    waited = async {
-                        tokio::time::sleep(pause).await;
-                        // Earlier deliveries of the line go first.
-                        place.turn().await
-                    } => waited,
-                };
-                if waited && Instant::now() >= deadline {
-                    // It waited for its turn past the time to live: the
-                    // messages behind it are not held up by one more try.
-                    return DeliveryEnd::GaveUp(format!(
-                        "{reason} (time to live {:?} spent after {attempts} attempts, the last \
-                         while earlier messages of its line were retried)",
-                        this.policy.ttl
-                    ));
-                }
-                attempts += 1;
-                this.policy.retried.inc();
-                attempt = tokio::select! {
-                    _ = abort.cancelled() => return DeliveryEnd::Aborted,
-                    attempt = Box::pin(this.attempt(&parcel)) => attempt,
-                };
             }
         }
         .boxed()
+    }
+
+    /// The first attempt of a delivery whose line was recovering when it
+    /// started: made at its turn, unless the time to live ran out first.
+    async fn first_at_turn(
+        &self,
+        parcel: &Arc<Parcel>,
+        place: &Place,
+        deadline: Instant,
+        abort: &CancellationToken,
+    ) -> Result<Attempt, DeliveryEnd> {
+        tokio::select! {
+            _ = abort.cancelled() => return Err(DeliveryEnd::Aborted),
+            _ = place.first_turn() => {}
+        }
+        if Instant::now() >= deadline {
+            return Err(DeliveryEnd::GaveUp(
+                self.expired_waiting(&parcel.process_id),
+            ));
+        }
+        let first = tokio::select! {
+            _ = abort.cancelled() => return Err(DeliveryEnd::Aborted),
+            first = self.attempt(parcel) => first,
+        };
+        place.handed_over();
+        Ok(first)
+    }
+
+    /// After a failed attempt: retries, paced, each at its turn in the
+    /// line, until one is answered or the time to live is spent.
+    async fn retry(
+        &self,
+        parcel: &Arc<Parcel>,
+        place: &Place,
+        deadline: Instant,
+        mut reason: AttemptFailure,
+        abort: &CancellationToken,
+    ) -> DeliveryEnd {
+        let mut backoff = Backoff::new(self.policy.initial_backoff, self.policy.max_backoff);
+        let mut attempts = 1u32;
+        loop {
+            // Later deliveries of the line wait until this one settles.
+            place.failed();
+            // The time to live is spent before giving up: the last pause
+            // is cut short so that one more attempt falls on it.
+            let now = Instant::now();
+            let pause = backoff
+                .next_pause()
+                .min(deadline.saturating_duration_since(now));
+            if now >= deadline {
+                return DeliveryEnd::GaveUp(format!(
+                    "{reason} (time to live {:?} spent after {attempts} attempts)",
+                    self.policy.ttl
+                ));
+            }
+            tracing::debug!(process = %parcel.process_id, delivery_id = %parcel.delivery_id, %reason, retry_in = ?pause, "delivery failed; retrying");
+            let waited = tokio::select! {
+                _ = abort.cancelled() => return DeliveryEnd::Aborted,
+                waited = async {
+                    tokio::time::sleep(pause).await;
+                    // Earlier deliveries of the line go first.
+                    place.turn().await
+                } => waited,
+            };
+            if waited && Instant::now() >= deadline {
+                // It waited for its turn past the time to live: the
+                // messages behind it are not held up by one more try.
+                return DeliveryEnd::GaveUp(format!(
+                    "{reason} (time to live {:?} spent after {attempts} attempts, the last \
+                     while earlier messages of its line were retried)",
+                    self.policy.ttl
+                ));
+            }
+            attempts += 1;
+            self.policy.retried.inc();
+            let mut attempt = tokio::select! {
+                _ = abort.cancelled() => return DeliveryEnd::Aborted,
+                attempt = self.attempt(parcel) => attempt,
+            };
+            let result = tokio::select! {
+                _ = abort.cancelled() => return DeliveryEnd::Aborted,
+                result = &mut attempt => result,
+            };
+            reason = match result {
+                Ok(()) => return DeliveryEnd::Delivered,
+                Err(reason) if reason.is_permanent() => {
+                    return DeliveryEnd::GaveUp(reason.to_string());
+                }
+                Err(reason) => reason,
+            };
+        }
     }
 
     /// The lines that keep its deliveries in order.

@@ -323,44 +323,81 @@ impl FlowHandler {
         }
         let flow = self.clone();
         let awaiting_ack = HeldGauge::hold(&self.metrics.awaiting_ack);
+        // The future of every record in flight: kept small for the common
+        // case (one delivery, nothing to produce), the rest boxed.
         async move {
             let _held = (in_progress, awaiting_ack);
-            // Every delivery is awaited at once: one waiting for its turn in
-            // a line (see `cluster::delivery_lines`) may wait for another
-            // record's delivery, which may wait for a later one of these.
-            let ends = match deliveries.len() {
-                0 => Vec::new(),
-                1 => {
-                    let delivery = deliveries.pop().expect("one delivery");
-                    vec![(delivery.call, delivery.end.await)]
-                }
-                _ => {
-                    futures::future::join_all(
-                        deliveries
-                            .into_iter()
-                            .map(|delivery| delivery.end.map(move |end| (delivery.call, end))),
-                    )
-                    .await
-                }
-            };
-            for (call, end) in ends {
-                match end {
-                    DeliveryEnd::Delivered => {
-                        flow.metrics.delivered.inc();
+            if deliveries.len() == 1 {
+                let delivery = deliveries.pop().expect("one delivery");
+                let end = delivery.end.await;
+                if !matches!(end, DeliveryEnd::Delivered) {
+                    let settled =
+                        Box::pin(flow.settle_delivery(delivery.call, end, &input, &abort));
+                    if !settled.await {
+                        return Outcome::Abandoned;
                     }
-                    DeliveryEnd::Aborted => return Outcome::Abandoned,
-                    DeliveryEnd::GaveUp(reason) => {
-                        let call = call.unwrap_or_else(|| original(&input));
-                        let record = flow.dead_letter(call, &input, &Stage::Deliver, &reason);
-                        if !Box::pin(flow.write_dead_letter(record, &abort)).await {
-                            return Outcome::Abandoned;
-                        }
-                    }
+                } else {
+                    flow.metrics.delivered.inc();
+                }
+            } else if !deliveries.is_empty() {
+                let settled = Box::pin(flow.settle_deliveries(deliveries, &input, &abort));
+                if !settled.await {
+                    return Outcome::Abandoned;
                 }
             }
-            flow.complete(input, in_flight, abort).await
+            if in_flight.is_empty() {
+                return Outcome::Finished;
+            }
+            Box::pin(flow.complete(input, in_flight, abort)).await
         }
         .boxed()
+    }
+
+    /// Waits for several deliveries of one record together (one waiting
+    /// for its turn in a line, see `cluster::delivery_lines`, may wait for
+    /// another record's delivery, which may wait for a later one of
+    /// these), then settles each; false when aborted.
+    async fn settle_deliveries(
+        &self,
+        deliveries: Vec<PendingDelivery>,
+        input: &InputRecord,
+        abort: &CancellationToken,
+    ) -> bool {
+        let ends = futures::future::join_all(
+            deliveries
+                .into_iter()
+                .map(|delivery| delivery.end.map(move |end| (delivery.call, end))),
+        )
+        .await;
+        for (call, end) in ends {
+            if !self.settle_delivery(call, end, input, abort).await {
+                return false;
+            }
+        }
+        true
+    }
+
+    /// Counts a delivery delivered, or writes the dead letter of one given
+    /// up; false when aborted.
+    async fn settle_delivery(
+        &self,
+        call: Option<OutputRecord>,
+        end: DeliveryEnd,
+        input: &InputRecord,
+        abort: &CancellationToken,
+    ) -> bool {
+        match end {
+            DeliveryEnd::Delivered => {
+                self.metrics.delivered.inc();
+                true
+            }
+            DeliveryEnd::Aborted => false,
+            DeliveryEnd::GaveUp(reason) => {
+                let call = call.unwrap_or_else(|| original(input));
+                let record = self.dead_letter(call, input, &Stage::Deliver, &reason);
+                Box::pin(self.write_dead_letter(record, abort)).await
+            }
+        }
     }
 
     /// Runs a chain with retries; a failure becomes a dead letter of the

@@ -49,6 +49,10 @@ use tokio_util::task::TaskTracker;
 use super::consumer::{Completion, Handling, MessageHandler, Outcome};
 use super::record::InputRecord;
 
+/// Records a lane makes ready in one step when the handler takes them one
+/// at a time: one wake-up of the lane starts several.
+const ADMITTED_AT_ONCE: usize = 32;
+
 /// In which order a flow handles the records of one partition
 /// (`flows.ordering`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize, Serialize)]
@@ -172,10 +176,13 @@ impl LaneContext {
     /// ordered part that has to wait gets a task of its own.
     pub(super) async fn run(self, mut records: mpsc::UnboundedReceiver<InputRecord>) {
         let most = self.handler.batch_size().max(1);
+        // Records made ready in one step: a batch, and at least a few, so
+        // that one wake-up starts several records handled one by one.
+        let admitted = most.max(ADMITTED_AT_ONCE);
         let mut lane = LaneState {
             settled: self.settled(),
             busy: HashMap::new(),
-            ready: Vec::new(),
+            ready: VecDeque::new(),
             waiting: FuturesUnordered::new(),
         };
         let (slot_free_tx, mut slot_free) = mpsc::unbounded_channel::<Slot>();
@@ -185,7 +192,7 @@ impl LaneContext {
                 _ = self.stop_taking.cancelled() => break,
                 Some(slot) = slot_free.recv() => {
                     free(slot, &mut lane.busy, &mut lane.ready);
-                    while lane.ready.len() < most {
+                    while lane.ready.len() < admitted {
                         let Ok(slot) = slot_free.try_recv() else { break };
                         free(slot, &mut lane.busy, &mut lane.ready);
                     }
@@ -193,7 +200,7 @@ impl LaneContext {
                 record = records.recv() => {
                     let Some(record) = record else { break };
                     self.admit(record, &mut lane.busy, &mut lane.ready);
-                    while lane.ready.len() < most {
+                    while lane.ready.len() < admitted {
                         let Ok(record) = records.try_recv() else { break };
                         self.admit(record, &mut lane.busy, &mut lane.ready);
                     }
@@ -223,17 +230,17 @@ impl LaneContext {
         &self,
         record: InputRecord,
         busy: &mut HashMap<Slot, VecDeque<InputRecord>>,
-        ready: &mut Vec<(InputRecord, Option<Slot>)>,
+        ready: &mut VecDeque<(InputRecord, Option<Slot>)>,
     ) {
         match self.order.slot(&record) {
             Some(slot) => match busy.get_mut(&slot) {
                 Some(waiting) => waiting.push_back(record),
                 None => {
                     busy.insert(slot, VecDeque::new());
-                    ready.push((record, Some(slot)));
+                    ready.push_back((record, Some(slot)));
                 }
             },
-            None => ready.push((record, None)),
+            None => ready.push_back((record, None)),
         }
     }
 
@@ -254,47 +261,30 @@ impl LaneContext {
         let most = self.handler.batch_size().max(1);
         while !lane.ready.is_empty() {
             let wanted = lane.ready.len().min(most);
-            let permits = async {
-                let mut pending = acquire_up_to(&self.pending, wanted).await?;
-                let in_flight = acquire_up_to(&self.in_flight, pending.num_permits()).await?;
-                // Fewer in flight than pending: the surplus goes back.
-                drop(pending.split(pending.num_permits() - in_flight.num_permits()));
-                Some((pending, in_flight))
-            };
-            let mut permits = std::pin::pin!(permits);
-            // Completions go on being settled while the lane waits for
-            // room: room is what they give back.
-            let (pending, in_flight) = loop {
-                tokio::select! {
-                    biased;
-                    _ = self.stop_taking.cancelled() => return false,
-                    permits = &mut permits => match permits {
-                        Some(permits) => break permits,
-                        None => return false,
-                    },
-                    Some(done) = lane.waiting.next(), if !lane.waiting.is_empty() => {
-                        lane.settled.settle(done);
-                    }
-                }
+            // Room now (the usual case) is taken without waiting.
+            let (pending, in_flight) = match self.room_now(wanted) {
+                Some(room) => room,
+                None if self.stop_taking.is_cancelled() => return false,
+                None => match self.wait_for_room(lane, wanted).await {
+                    Some(room) => room,
+                    None => return false,
+                },
             };
             let taken = in_flight.num_permits();
-            let taken: Vec<_> = if taken >= lane.ready.len() {
-                std::mem::take(&mut lane.ready)
-            } else {
-                lane.ready.drain(..taken).collect()
-            };
-            for (record, _) in &taken {
-                self.backlog.remove(record.size_bytes());
-            }
-            self.active.fetch_add(taken.len(), Ordering::Relaxed);
+            self.active.fetch_add(taken, Ordering::Relaxed);
             if most == 1 {
                 // One record (`wanted` was 1).
-                if let Some((record, slot)) = taken.into_iter().next() {
+                if let Some((record, slot)) = lane.ready.pop_front() {
+                    self.backlog.remove(record.size_bytes());
                     self.start_one(lane, record, slot, (pending, in_flight), slot_free);
                     // Records handled at once do not yield on their own.
                     tokio::task::consume_budget().await;
                 }
             } else {
+                let taken: Vec<_> = lane.ready.drain(..taken).collect();
+                for (record, _) in &taken {
+                    self.backlog.remove(record.size_bytes());
+                }
                 let started = Started {
                     settled: lane.settled.clone(),
                     slot_free: slot_free.clone(),
@@ -303,6 +293,47 @@ impl LaneContext {
             }
         }
         true
+    }
+
+    /// Permits for up to `wanted` records, if the partition and the flow
+    /// have room for at least one now and the lane is not stopping.
+    fn room_now(&self, wanted: usize) -> Option<(OwnedSemaphorePermit, OwnedSemaphorePermit)> {
+        if self.stop_taking.is_cancelled() {
+            return None;
+        }
+        let mut pending = take_up_to(&self.pending, wanted)?;
+        let in_flight = take_up_to(&self.in_flight, pending.num_permits())?;
+        // Fewer in flight than pending: the surplus goes back.
+        drop(pending.split(pending.num_permits() - in_flight.num_permits()));
+        Some((pending, in_flight))
+    }
+
+    /// Waits for permits for up to `wanted` records (settling completions
+    /// meanwhile: room is what they give back); `None` when the lane must
+    /// stop.
+    async fn wait_for_room(
+        &self,
+        lane: &mut LaneState,
+        wanted: usize,
+    ) -> Option<(OwnedSemaphorePermit, OwnedSemaphorePermit)> {
+        let permits = async {
+            let mut pending = acquire_up_to(&self.pending, wanted).await?;
+            let in_flight = acquire_up_to(&self.in_flight, pending.num_permits()).await?;
+            // Fewer in flight than pending: the surplus goes back.
+            drop(pending.split(pending.num_permits() - in_flight.num_permits()));
+            Some((pending, in_flight))
+        };
+        let mut permits = std::pin::pin!(permits);
+        loop {
+            tokio::select! {
+                biased;
+                _ = self.stop_taking.cancelled() => return None,
+                permits = &mut permits => return permits,
+                Some(done) = lane.waiting.next(), if !lane.waiting.is_empty() => {
+                    lane.settled.settle(done);
+                }
+            }
+        }
     }
 
     /// Starts one record: its ordered part is polled here once; done at
@@ -388,7 +419,7 @@ struct LaneState {
     /// Slots with a record in progress, and the records waiting for them.
     busy: HashMap<Slot, VecDeque<InputRecord>>,
     /// Records whose slot is free, in order, not started yet.
-    ready: Vec<(InputRecord, Option<Slot>)>,
+    ready: VecDeque<(InputRecord, Option<Slot>)>,
     /// Completions of records whose ordered part was done at once.
     waiting: FuturesUnordered<Completing>,
 }
@@ -468,14 +499,24 @@ impl Started {
 fn free(
     slot: Slot,
     busy: &mut HashMap<Slot, VecDeque<InputRecord>>,
-    ready: &mut Vec<(InputRecord, Option<Slot>)>,
+    ready: &mut VecDeque<(InputRecord, Option<Slot>)>,
 ) {
     match busy.get_mut(&slot).and_then(VecDeque::pop_front) {
-        Some(record) => ready.push((record, Some(slot))),
+        Some(record) => ready.push_back((record, Some(slot))),
         None => {
             busy.remove(&slot);
         }
     }
+}
+
+/// At least one and at most `wanted` permits of `semaphore` if one is free
+/// now.
+fn take_up_to(semaphore: &Arc<Semaphore>, wanted: usize) -> Option<OwnedSemaphorePermit> {
+    let free = semaphore.available_permits().min(wanted);
+    if free == 0 {
+        return None;
+    }
+    semaphore.clone().try_acquire_many_owned(free as u32).ok()
 }
 
 /// At least one and at most `wanted` permits of `semaphore`: waits for the
