@@ -67,6 +67,7 @@ use rdkafka::Message as _;
 use rdkafka::consumer::{Consumer as _, StreamConsumer};
 use rdkafka::message::{Header, Headers as _, OwnedHeaders};
 use rdkafka::producer::{FutureProducer, FutureRecord};
+use support::cpu::{child_pid, own_cpu_ms, process_cpu_ms, stat_cpu_ms};
 use support::pki::TestPki;
 use support::relay::RelayProcess;
 use support::tansu::{Security, Tansu, TestRecord};
@@ -222,42 +223,6 @@ fn extra_link_options() -> Vec<(String, String)> {
         .collect()
 }
 
-/// CPU time (user + system) in ms from a `/proc/.../stat` file (Linux
-/// reports it in USER_HZ = 100 ticks a second); 0 if it cannot be read.
-fn stat_cpu_ms(path: &std::path::Path) -> u64 {
-    let Ok(stat) = std::fs::read_to_string(path) else {
-        return 0;
-    };
-    let Some(close) = stat.rfind(')') else {
-        return 0;
-    };
-    // The fields after the command name; utime and stime are fields 14 and
-    // 15 of the whole line.
-    let fields: Vec<&str> = stat[close + 2..].split_whitespace().collect();
-    let ticks = |i: usize| {
-        fields
-            .get(i)
-            .and_then(|f| f.parse::<u64>().ok())
-            .unwrap_or(0)
-    };
-    (ticks(11) + ticks(12)) * 10
-}
-
-/// The pid of this process's child named `name` (tansu is spawned directly).
-fn child_pid(name: &str) -> Option<u32> {
-    let me = std::process::id().to_string();
-    std::fs::read_dir("/proc")
-        .ok()?
-        .flatten()
-        .find_map(|entry| {
-            let pid: u32 = entry.file_name().to_str()?.parse().ok()?;
-            let stat = std::fs::read_to_string(entry.path().join("stat")).ok()?;
-            let (open, close) = (stat.find('(')?, stat.rfind(')')?);
-            let ppid = stat[close + 2..].split_whitespace().nth(1)?;
-            (&stat[open + 1..close] == name && ppid == me).then_some(pid)
-        })
-}
-
 /// CPU used so far, in ms, by the parts of a run.
 #[derive(Clone, Copy, Debug, Default)]
 struct Cpu {
@@ -280,13 +245,9 @@ impl Cpu {
                 }
             }
         }
-        let proc_stat = |pid: Option<u32>| {
-            pid.map_or(0, |pid| {
-                stat_cpu_ms(std::path::Path::new(&format!("/proc/{pid}/stat")))
-            })
-        };
+        let proc_stat = |pid: Option<u32>| pid.map_or(0, process_cpu_ms);
         Cpu {
-            bench: stat_cpu_ms(std::path::Path::new("/proc/self/stat")).saturating_sub(terminator),
+            bench: own_cpu_ms().saturating_sub(terminator),
             terminator,
             relay: proc_stat(relay),
             broker: proc_stat(broker),

@@ -10,6 +10,9 @@
 //! `max_in_flight / latency`, and the same relay with `ordering =
 //! "partition"` (one call per partition at a time: what the relay did
 //! before). Every call must arrive, in order per key, nothing dead-lettered.
+//! Beside each rate: the CPU the relay, the application (this process) and
+//! tansu spent per call while calls flowed, which is steadier than the rate
+//! on a machine the three share.
 //!
 //! Run: `cargo bench -p wasmrelay --bench sidecar_concurrency` (needs tansu:
 //! `scripts/setup.sh`). Results go to bench/RESULTS.md.
@@ -24,6 +27,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use support::app::TestApp;
+use support::cpu::{child_pid, own_cpu_ms, process_cpu_ms};
 use support::relay::RelayProcess;
 use support::tansu::{Tansu, TestRecord};
 
@@ -88,9 +92,38 @@ concurrency = {MAX_IN_FLIGHT}
     )
 }
 
-/// Delivers `count` calls from `input` with `ordering`; returns calls/s from
-/// the first call the application saw to the last, and the order check.
-async fn run(kafka: &Tansu, input: &str, ordering: &str, count: u64) -> (f64, u64, u64) {
+/// CPU time in ms, so far, of the relay, this process (the application)
+/// and the broker.
+#[derive(Clone, Copy, Default)]
+struct Cpu {
+    relay: u64,
+    app: u64,
+    broker: u64,
+}
+
+impl Cpu {
+    fn now(relay: u32, broker: Option<u32>) -> Cpu {
+        Cpu {
+            relay: process_cpu_ms(relay),
+            app: own_cpu_ms(),
+            broker: broker.map_or(0, process_cpu_ms),
+        }
+    }
+}
+
+/// What one ordering's run measured.
+struct Run {
+    calls_per_second: f64,
+    violations: u64,
+    lost: u64,
+    /// µs of CPU per call while calls flowed: relay, application, broker.
+    cpu_per_call: [f64; 3],
+}
+
+/// Delivers `count` calls from `input` with `ordering`; measures calls/s
+/// from the first call the application saw to the last, and the CPU each
+/// part spent over that time (sampled every 20 ms, in 10 ms ticks).
+async fn run(kafka: &Tansu, input: &str, ordering: &str, count: u64) -> Run {
     kafka.create_topic(input, PARTITIONS).await;
     kafka.produce(input, calls(input, count)).await;
     let check = Arc::new(Mutex::new(OrderCheck::default()));
@@ -119,8 +152,17 @@ async fn run(kafka: &Tansu, input: &str, ordering: &str, count: u64) -> (f64, u6
         &relay_config(kafka, &app.url, input, ordering),
         &[("RUST_LOG", "warn,wasmrelay::node=info")],
     );
+    let broker = child_pid("tansu");
+    let mut cpu_at_first: Option<Cpu> = None;
     let started = Instant::now();
-    while check.lock().unwrap().accepted < count {
+    loop {
+        let accepted = check.lock().unwrap().accepted;
+        if accepted > 0 && cpu_at_first.is_none() {
+            cpu_at_first = Some(Cpu::now(relay.pid(), broker));
+        }
+        if accepted >= count {
+            break;
+        }
         assert!(
             started.elapsed() < Duration::from_secs(600),
             "too slow:\n{}",
@@ -128,23 +170,31 @@ async fn run(kafka: &Tansu, input: &str, ordering: &str, count: u64) -> (f64, u6
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
+    let (first, last) = (cpu_at_first.unwrap(), Cpu::now(relay.pid(), broker));
+    let per_call = |before: u64, after: u64| (after - before) as f64 * 1000.0 / count as f64;
+    let cpu_per_call = [
+        per_call(first.relay, last.relay),
+        per_call(first.app, last.app),
+        per_call(first.broker, last.broker),
+    ];
     let dead_letters = relay.metric(r#"wasmrelay_messages_dead_lettered_total{flow="calls"}"#);
     drop(relay);
     let check = check.lock().unwrap();
     let seconds = (check.last_at.unwrap() - check.first_at.unwrap()).as_secs_f64();
     let lost = count - app.distinct_deliveries() as u64;
-    (
-        count as f64 / seconds,
-        check.violations,
-        lost + dead_letters,
-    )
+    Run {
+        calls_per_second: count as f64 / seconds,
+        violations: check.violations,
+        lost: lost + dead_letters,
+        cpu_per_call,
+    }
 }
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() {
     let kafka = Tansu::start();
-    let (keyed, keyed_violations, keyed_missing) = run(&kafka, "calls-key", "key", CALLS).await;
-    let (partition, partition_violations, partition_missing) = run(
+    let keyed = run(&kafka, "calls-key", "key", CALLS).await;
+    let partition = run(
         &kafka,
         "calls-partition",
         "partition",
@@ -158,29 +208,40 @@ async fn main() {
         "sidecar to an application answering in {} ms: {PARTITIONS} partitions, {KEYS} keys, max_in_flight {MAX_IN_FLIGHT}",
         APP_LATENCY.as_millis()
     );
-    println!("| measure | calls/s | / ceiling | order violations | lost or dead-lettered |");
-    println!("|---|---:|---:|---:|---:|");
-    println!("| ceiling: max_in_flight / latency | {ceiling:.0} | 1.00 | | |");
     println!(
-        "| ordering = \"key\", {CALLS} calls | {keyed:.0} | {:.2} | {keyed_violations} | {keyed_missing} |",
-        keyed / ceiling
+        "| measure | calls/s | / ceiling | order violations | lost or dead-lettered | CPU µs per call: relay | application | broker |"
     );
-    println!(
-        "| ordering = \"partition\", {PARTITION_ORDER_CALLS} calls | {partition:.0} | {:.3} | {partition_violations} | {partition_missing} |",
-        partition / ceiling
-    );
+    println!("|---|---:|---:|---:|---:|---:|---:|---:|");
+    println!("| ceiling: max_in_flight / latency | {ceiling:.0} | 1.00 | | | | | |");
+    for (name, calls, run) in [
+        ("key", CALLS, &keyed),
+        ("partition", PARTITION_ORDER_CALLS, &partition),
+    ] {
+        let [relay, app, broker] = run.cpu_per_call;
+        println!(
+            "| ordering = \"{name}\", {calls} calls | {:.0} | {:.3} | {} | {} | {relay:.1} | {app:.1} | {broker:.1} |",
+            run.calls_per_second,
+            run.calls_per_second / ceiling,
+            run.violations,
+            run.lost,
+        );
+    }
     println!();
     println!(
         "target: at least {target:.0} calls/s (min of 20,000 and 0.8 x ceiling): {}",
-        if keyed >= target { "met" } else { "NOT met" }
+        if keyed.calls_per_second >= target {
+            "met"
+        } else {
+            "NOT met"
+        }
     );
     assert_eq!(
-        keyed_violations + partition_violations,
+        keyed.violations + partition.violations,
         0,
         "per-key order broken"
     );
     assert_eq!(
-        keyed_missing + partition_missing,
+        keyed.lost + partition.lost,
         0,
         "calls lost or dead-lettered"
     );

@@ -124,6 +124,39 @@ pub fn load_roots(path: &Path) -> anyhow::Result<RootCertStore> {
     Ok(roots)
 }
 
+/// A client configuration for web servers (the sidecar's `https://`
+/// application): the system's CA certificates, and those of `extra_ca_pem`
+/// (PEM) when given. An `extra_ca_pem` that holds no certificate, or one
+/// that cannot be parsed, is an error; system certificates that cannot be
+/// read are skipped, as long as some CA is left to verify with.
+pub fn web_client_config(extra_ca_pem: Option<&[u8]>) -> anyhow::Result<rustls::ClientConfig> {
+    let mut roots = RootCertStore::empty();
+    let native = rustls_native_certs::load_native_certs();
+    let (added, _unparsable) = roots.add_parsable_certificates(native.certs);
+    if let Some(pem) = extra_ca_pem {
+        let mut extra = 0;
+        for cert in CertificateDer::pem_slice_iter(pem) {
+            roots
+                .add(cert.context("parsing the application CA")?)
+                .context("the application CA")?;
+            extra += 1;
+        }
+        if extra == 0 {
+            bail!("the application CA holds no PEM certificate");
+        }
+    } else if added == 0 {
+        tracing::warn!(
+            errors = ?native.errors,
+            "no system CA certificate could be loaded: https applications will not verify without a flow `ca`"
+        );
+    }
+    Ok(rustls::ClientConfig::builder_with_provider(provider())
+        .with_safe_default_protocol_versions()
+        .context("TLS protocol versions")?
+        .with_root_certificates(roots)
+        .with_no_client_auth())
+}
+
 /// The subject common name of a DER certificate, if it has one (UTF-8).
 pub fn common_name(cert: &CertificateDer<'_>) -> Option<String> {
     let (_, parsed) = x509_parser::parse_x509_certificate(cert.as_ref()).ok()?;

@@ -16,6 +16,7 @@ use std::sync::OnceLock;
 pub mod app;
 pub mod chaos;
 pub mod client_tokens;
+pub mod cpu;
 pub mod etcd;
 pub mod fault_proxy;
 pub mod pki;

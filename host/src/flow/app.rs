@@ -11,7 +11,14 @@ use std::time::Duration;
 
 use base64::Engine as _;
 use base64::engine::general_purpose::STANDARD as BASE64;
-use reqwest::header::{HeaderMap, HeaderName, HeaderValue};
+use bytes::Bytes;
+use http_body_util::{BodyExt as _, Full};
+use hyper::header::{HeaderMap, HeaderName, HeaderValue};
+use hyper::{Method, Request, Uri};
+use hyper_rustls::HttpsConnector;
+use hyper_util::client::legacy::Client;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::TokioExecutor;
 use tokio::sync::Semaphore;
 
 use futures::FutureExt as _;
@@ -35,17 +42,22 @@ pub struct AppAnswer {
     pub status: u16,
 }
 
-/// An HTTP client for one application endpoint, with bounded concurrency.
+/// An HTTP client for one application endpoint, with bounded concurrency:
+/// hyper's pooled client, HTTP/1.1 with keep-alive (HTTP/2 when an
+/// `https://` application offers it), redirects not followed (a call is not
+/// re-sent somewhere else).
 #[derive(Clone, Debug)]
 pub struct AppClient {
-    url: reqwest::Url,
-    http: reqwest::Client,
+    uri: Uri,
+    http: Client<HttpsConnector<HttpConnector>, Full<Bytes>>,
+    timeout: Duration,
     permits: Arc<Semaphore>,
-    flow: String,
+    /// The flow's name, as the `x-wasmrelay-flow` header sends it.
+    flow: HeaderValue,
 }
 
-/// `error` and each error it was caused by, `: `-separated: reqwest's own
-/// text ("error sending request") does not say what went wrong (refused,
+/// `error` and each error it was caused by, `: `-separated: hyper's own
+/// text ("client error (Connect)") does not say what went wrong (refused,
 /// a certificate that does not verify).
 fn with_causes(error: &dyn std::error::Error) -> String {
     let mut text = error.to_string();
@@ -63,6 +75,12 @@ fn with_causes(error: &dyn std::error::Error) -> String {
 
 /// How much of an error body is quoted in a dead-letter reason.
 const BODY_QUOTE_LIMIT: usize = 200;
+
+/// Why one request did not get a whole answer.
+enum RequestError {
+    Send(hyper_util::client::legacy::Error),
+    Body(hyper::Error),
+}
 
 impl AppClient {
     /// A client for `url` with a per-request `timeout` and at most
@@ -85,26 +103,36 @@ impl AppClient {
         concurrency: usize,
         ca_pem: Option<&[u8]>,
     ) -> anyhow::Result<Self> {
-        let url = reqwest::Url::parse(url)
-            .map_err(|e| anyhow::anyhow!("application URL `{url}`: {e}"))?;
-        let mut builder = reqwest::Client::builder()
-            .timeout(timeout)
-            .pool_max_idle_per_host(concurrency);
-        if let Some(pem) = ca_pem {
-            for cert in reqwest::Certificate::from_pem_bundle(pem)
-                .map_err(|e| anyhow::anyhow!("the application CA: {e}"))?
-            {
-                builder = builder.add_root_certificate(cert);
-            }
+        let parsed =
+            url::Url::parse(url).map_err(|e| anyhow::anyhow!("application URL `{url}`: {e}"))?;
+        if !matches!(parsed.scheme(), "http" | "https") {
+            anyhow::bail!("application URL `{url}`: the scheme must be http or https");
         }
-        let http = builder
-            .build()
-            .map_err(|e| anyhow::anyhow!("building the HTTP client: {e}"))?;
+        // The URL as url normalised it (an IDN host in ASCII, a path of at
+        // least `/`), once, instead of for every request.
+        let uri: Uri = parsed
+            .as_str()
+            .parse()
+            .map_err(|e| anyhow::anyhow!("application URL `{url}`: {e}"))?;
+        let tls = crate::tls::web_client_config(ca_pem)?;
+        let mut connector = HttpConnector::new();
+        connector.enforce_http(false);
+        connector.set_nodelay(true);
+        let connector = hyper_rustls::HttpsConnectorBuilder::new()
+            .with_tls_config(tls)
+            .https_or_http()
+            .enable_all_versions()
+            .wrap_connector(connector);
+        let http = Client::builder(TokioExecutor::new())
+            .pool_max_idle_per_host(concurrency)
+            .build(connector);
         Ok(AppClient {
-            url,
+            uri,
             http,
+            timeout,
             permits: Arc::new(Semaphore::new(concurrency.max(1))),
-            flow: flow.to_string(),
+            flow: HeaderValue::from_str(flow)
+                .map_err(|e| anyhow::anyhow!("flow name `{flow}` as an HTTP header: {e}"))?,
         })
     }
 
@@ -115,31 +143,45 @@ impl AppClient {
         let Ok(_permit) = self.permits.acquire().await else {
             return Attempt::Retry("application client closed".into());
         };
-        let request = self
-            .http
-            .post(self.url.clone())
-            .headers(self.request_headers(input, message))
-            .body(message.value.clone().unwrap_or_default());
-        let response = match request.send().await {
-            Ok(response) => response,
-            Err(error) if error.is_timeout() => {
-                return Attempt::Retry(format!("app did not answer in time: {error}"));
-            }
-            Err(error) => {
+        let body = Bytes::from(message.value.clone().unwrap_or_default());
+        let mut request = Request::new(Full::new(body));
+        *request.method_mut() = Method::POST;
+        *request.uri_mut() = self.uri.clone();
+        *request.headers_mut() = self.request_headers(input, message);
+        let exchange = async {
+            let response = self
+                .http
+                .request(request)
+                .await
+                .map_err(RequestError::Send)?;
+            let (parts, body) = response.into_parts();
+            let body = body.collect().await.map_err(RequestError::Body)?;
+            Ok::<_, RequestError>((parts, body.to_bytes()))
+        };
+        let (parts, body) = match tokio::time::timeout(self.timeout, exchange).await {
+            Ok(Ok(answer)) => answer,
+            Ok(Err(RequestError::Send(error))) => {
                 return Attempt::Retry(format!("app unreachable: {}", with_causes(&error)));
             }
+            Ok(Err(RequestError::Body(error))) => {
+                return Attempt::Retry(format!(
+                    "reading the app's answer: {}",
+                    with_causes(&error)
+                ));
+            }
+            Err(_) => {
+                return Attempt::Retry(format!(
+                    "app did not answer in time (timeout {:?})",
+                    self.timeout
+                ));
+            }
         };
-        let status = response.status();
-        let response_headers = response.headers().clone();
-        let body = match response.bytes().await {
-            Ok(body) => body,
-            Err(error) => return Attempt::Retry(format!("reading the app's answer: {error}")),
-        };
+        let status = parts.status;
         if status.is_success() {
             let data_return = (!body.is_empty()).then(|| OutputRecord {
                 key: message.key.clone(),
                 value: Some(body.to_vec()),
-                headers: data_return_headers(message, &response_headers),
+                headers: data_return_headers(message, &parts.headers),
             });
             return Attempt::Success(AppAnswer {
                 data_return,
@@ -156,43 +198,52 @@ impl AppClient {
     }
 
     fn request_headers(&self, input: &InputRecord, message: &OutputRecord) -> HeaderMap {
-        let mut map = HeaderMap::new();
-        let mut put = |name: &str, value: &[u8]| {
-            if let (Ok(name), Ok(value)) =
-                (HeaderName::try_from(name), HeaderValue::from_bytes(value))
-            {
-                map.append(name, value);
-            }
-        };
-        put(headers::HTTP_DELIVERY_ID, input.delivery_id().as_bytes());
-        put(headers::HTTP_FLOW, self.flow.as_bytes());
-        put(headers::HTTP_TOPIC, input.topic.as_bytes());
-        put(
-            headers::HTTP_PARTITION,
-            input.partition.to_string().as_bytes(),
+        let mut map = HeaderMap::with_capacity(8 + message.headers.len());
+        if let Ok(id) = HeaderValue::try_from(input.delivery_id()) {
+            map.append(HeaderName::from_static(headers::HTTP_DELIVERY_ID), id);
+        }
+        map.append(
+            HeaderName::from_static(headers::HTTP_FLOW),
+            self.flow.clone(),
         );
-        put(headers::HTTP_OFFSET, input.offset.to_string().as_bytes());
+        if let Ok(topic) = HeaderValue::from_str(&input.topic) {
+            map.append(HeaderName::from_static(headers::HTTP_TOPIC), topic);
+        }
+        map.append(
+            HeaderName::from_static(headers::HTTP_PARTITION),
+            HeaderValue::from(input.partition),
+        );
+        map.append(
+            HeaderName::from_static(headers::HTTP_OFFSET),
+            HeaderValue::from(input.offset),
+        );
         if let Some(key) = &message.key {
-            match std::str::from_utf8(key)
+            match HeaderValue::from_bytes(key)
                 .ok()
-                .filter(|k| HeaderValue::from_str(k).is_ok())
+                .filter(|_| std::str::from_utf8(key).is_ok())
             {
-                Some(text) => put(headers::HTTP_KEY, text.as_bytes()),
-                None => put(headers::HTTP_KEY_B64, BASE64.encode(key).as_bytes()),
+                Some(text) => {
+                    map.append(HeaderName::from_static(headers::HTTP_KEY), text);
+                }
+                None => {
+                    if let Ok(encoded) = HeaderValue::try_from(BASE64.encode(key)) {
+                        map.append(HeaderName::from_static(headers::HTTP_KEY_B64), encoded);
+                    }
+                }
             }
         }
         for (name, value) in &message.headers {
-            if headers::TRACE_HEADERS.contains(&name.as_str()) {
-                put(name, value);
+            let name = if headers::TRACE_HEADERS.contains(&name.as_str()) {
+                HeaderName::try_from(name.as_str())
             } else {
-                put(
-                    &format!(
-                        "{}{}",
-                        headers::HTTP_KAFKA_HEADER_PREFIX,
-                        name.to_ascii_lowercase()
-                    ),
-                    value,
-                );
+                HeaderName::try_from(format!(
+                    "{}{}",
+                    headers::HTTP_KAFKA_HEADER_PREFIX,
+                    name.to_ascii_lowercase()
+                ))
+            };
+            if let (Ok(name), Ok(value)) = (name, HeaderValue::from_bytes(value)) {
+                map.append(name, value);
             }
         }
         map
@@ -280,4 +331,228 @@ fn data_return_headers(message: &OutputRecord, response: &HeaderMap) -> Vec<(Str
         out.push((kafka_name.to_string(), value.as_bytes().to_vec()));
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Mutex;
+
+    use axum::Router;
+    use axum::body::Bytes as Body;
+    use axum::http::{HeaderMap as AxumHeaders, StatusCode};
+    use axum::routing::post;
+
+    use super::*;
+
+    /// What the test application received: each request's headers and body,
+    /// and whether the redirect's target was ever called.
+    #[derive(Default)]
+    struct Seen {
+        requests: Mutex<Vec<(AxumHeaders, Vec<u8>)>>,
+        redirected_to: Mutex<u32>,
+    }
+
+    /// An application on a free port: `/calls` answers 200 with
+    /// `answer:<body>` and an `x-kafka-header-reply` header, `/moved`
+    /// redirects to `/elsewhere` (307), `/slow` answers after 2 s.
+    async fn application(seen: Arc<Seen>) -> (String, tokio::task::JoinHandle<()>) {
+        let calls = seen.clone();
+        let elsewhere = seen.clone();
+        let router = Router::new()
+            .route(
+                "/calls",
+                post(move |headers: AxumHeaders, body: Body| async move {
+                    calls
+                        .requests
+                        .lock()
+                        .unwrap()
+                        .push((headers, body.to_vec()));
+                    let mut answer = b"answer:".to_vec();
+                    answer.extend_from_slice(&body);
+                    (StatusCode::OK, [("x-kafka-header-reply", "yes")], answer)
+                }),
+            )
+            .route(
+                "/moved",
+                post(|| async { (StatusCode::TEMPORARY_REDIRECT, [("location", "/elsewhere")]) }),
+            )
+            .route(
+                "/elsewhere",
+                post(move || async move {
+                    *elsewhere.redirected_to.lock().unwrap() += 1;
+                    StatusCode::OK
+                }),
+            )
+            .route(
+                "/slow",
+                post(|| async {
+                    tokio::time::sleep(Duration::from_secs(2)).await;
+                    StatusCode::OK
+                }),
+            );
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        // Aborted by the test that started it.
+        #[allow(clippy::disallowed_methods)]
+        let server = tokio::spawn(async move {
+            axum::serve(listener, router).await.unwrap();
+        });
+        (format!("http://{addr}"), server)
+    }
+
+    fn input(key: &[u8]) -> InputRecord {
+        InputRecord {
+            topic: "calls".into(),
+            partition: 2,
+            offset: 41,
+            key: Some(key.to_vec()),
+            value: Some(b"hello".to_vec()),
+            headers: vec![],
+            timestamp_ms: None,
+        }
+    }
+
+    fn call(key: &[u8]) -> OutputRecord {
+        OutputRecord {
+            key: Some(key.to_vec()),
+            value: Some(b"hello".to_vec()),
+            headers: vec![
+                ("traceparent".into(), b"00-abc-def-01".to_vec()),
+                ("Tenant".into(), b"t-1".to_vec()),
+            ],
+        }
+    }
+
+    #[tokio::test]
+    async fn a_call_carries_its_place_key_and_headers_and_the_answer_is_the_data_return() {
+        let seen = Arc::new(Seen::default());
+        let (base, server) = application(seen.clone()).await;
+        let client = AppClient::new(
+            "orders",
+            &format!("{base}/calls"),
+            Duration::from_secs(5),
+            4,
+        )
+        .unwrap();
+
+        let Attempt::Success(answer) = client.deliver(&input(b"k-1"), &call(b"k-1")).await else {
+            panic!("the call did not succeed");
+        };
+        assert_eq!(answer.status, 200);
+        let data_return = answer.data_return.unwrap();
+        assert_eq!(data_return.key.as_deref(), Some(&b"k-1"[..]));
+        assert_eq!(data_return.value.as_deref(), Some(&b"answer:hello"[..]));
+        assert_eq!(
+            data_return.headers,
+            vec![
+                ("traceparent".to_string(), b"00-abc-def-01".to_vec()),
+                ("reply".to_string(), b"yes".to_vec()),
+            ]
+        );
+
+        // A key that is not text travels base64-encoded.
+        let binary = [0xff, 0x00, 0x10];
+        assert!(matches!(
+            client.deliver(&input(&binary), &call(&binary)).await,
+            Attempt::Success(_)
+        ));
+
+        let requests = seen.requests.lock().unwrap();
+        let (headers, body) = &requests[0];
+        let header = |name: &str| headers.get(name).map(|v| v.to_str().unwrap().to_string());
+        assert_eq!(body, b"hello");
+        assert_eq!(
+            header(headers::HTTP_DELIVERY_ID).as_deref(),
+            Some("calls/2/41")
+        );
+        assert_eq!(header(headers::HTTP_FLOW).as_deref(), Some("orders"));
+        assert_eq!(header(headers::HTTP_TOPIC).as_deref(), Some("calls"));
+        assert_eq!(header(headers::HTTP_PARTITION).as_deref(), Some("2"));
+        assert_eq!(header(headers::HTTP_OFFSET).as_deref(), Some("41"));
+        assert_eq!(header(headers::HTTP_KEY).as_deref(), Some("k-1"));
+        assert_eq!(header("traceparent").as_deref(), Some("00-abc-def-01"));
+        assert_eq!(header("x-kafka-header-tenant").as_deref(), Some("t-1"));
+        assert_eq!(header("content-length").as_deref(), Some("5"));
+        let (binary_headers, _) = &requests[1];
+        assert_eq!(binary_headers.get(headers::HTTP_KEY), None);
+        assert_eq!(
+            binary_headers.get(headers::HTTP_KEY_B64).unwrap(),
+            BASE64.encode(binary).as_str()
+        );
+        server.abort();
+    }
+
+    #[tokio::test]
+    async fn a_redirect_is_not_followed_and_is_worth_a_retry() {
+        let seen = Arc::new(Seen::default());
+        let (base, server) = application(seen.clone()).await;
+        let client = AppClient::new(
+            "orders",
+            &format!("{base}/moved"),
+            Duration::from_secs(5),
+            4,
+        )
+        .unwrap();
+        let Attempt::Retry(reason) = client.deliver(&input(b"k"), &call(b"k")).await else {
+            panic!("a redirect was not a retry");
+        };
+        assert!(reason.starts_with("app answered 307"), "{reason}");
+        assert_eq!(
+            *seen.redirected_to.lock().unwrap(),
+            0,
+            "the redirect was followed"
+        );
+        server.abort();
+    }
+
+    #[tokio::test]
+    async fn a_slow_or_unreachable_application_is_worth_a_retry_and_says_why() {
+        let seen = Arc::new(Seen::default());
+        let (base, server) = application(seen).await;
+        let slow = AppClient::new(
+            "orders",
+            &format!("{base}/slow"),
+            Duration::from_millis(200),
+            4,
+        )
+        .unwrap();
+        let Attempt::Retry(reason) = slow.deliver(&input(b"k"), &call(b"k")).await else {
+            panic!("a timeout was not a retry");
+        };
+        assert!(reason.contains("did not answer in time"), "{reason}");
+        server.abort();
+
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let gone = AppClient::new(
+            "orders",
+            &format!("http://127.0.0.1:{port}/calls"),
+            Duration::from_secs(5),
+            4,
+        )
+        .unwrap();
+        let Attempt::Retry(reason) = gone.deliver(&input(b"k"), &call(b"k")).await else {
+            panic!("a refused connection was not a retry");
+        };
+        assert!(reason.starts_with("app unreachable: "), "{reason}");
+        assert!(reason.contains("refused"), "the cause is named: {reason}");
+    }
+
+    #[test]
+    fn a_url_that_is_not_http_or_a_ca_without_certificates_is_refused() {
+        let error = AppClient::new("f", "ftp://app/calls", Duration::from_secs(1), 1).unwrap_err();
+        assert!(error.to_string().contains("http or https"), "{error}");
+        let error = AppClient::with_ca(
+            "f",
+            "https://app/calls",
+            Duration::from_secs(1),
+            1,
+            Some(b"not a certificate"),
+        )
+        .unwrap_err();
+        assert!(error.to_string().contains("no PEM certificate"), "{error}");
+    }
 }
