@@ -285,6 +285,8 @@ impl ClusterDelivery {
         message: OutputRecord,
         abort: CancellationToken,
     ) -> BoxFuture<'static, DeliveryEnd> {
+        // Given back in a verdict, for the dead letter.
+        let tombstone = message.value.is_none();
         // Every attempt shares it: handing it over costs a reference count.
         let parcel = Arc::new(Parcel {
             delivery_id: input.delivery_id(),
@@ -297,7 +299,8 @@ impl ClusterDelivery {
             .check_fits(&parcel.delivery_id, &parcel.message)
         {
             tracing::warn!(process = %parcel.process_id, delivery_id = %parcel.delivery_id, %unfit, "dead-lettering a message that can never be delivered");
-            return futures::future::ready(DeliveryEnd::GaveUp(unfit.to_string())).boxed();
+            let end = Ended::GaveUp(unfit.to_string()).verdict(&parcel, tombstone);
+            return futures::future::ready(end).boxed();
         }
         let deadline = Instant::now() + self.policy.ttl;
         let place = self.lines.take(&parcel.process_id, input);
@@ -323,26 +326,31 @@ impl ClusterDelivery {
         // The future of every delivery in flight: kept small (the common
         // case is one attempt, answered), the rare paths boxed.
         async move {
-            let mut attempt = match first {
-                Some(first) => first,
-                None => match Box::pin(this.first_at_turn(&parcel, &place, deadline, &abort)).await
-                {
-                    Ok(first) => first,
-                    Err(end) => return end,
-                },
-            };
-            let result = tokio::select! {
-                _ = abort.cancelled() => return DeliveryEnd::Aborted,
-                result = &mut attempt => result,
-            };
-            match result {
-                Ok(()) => DeliveryEnd::Delivered,
-                Err(reason) if reason.is_permanent() => DeliveryEnd::GaveUp(reason.to_string()),
-                Err(reason) => {
-                    drop(attempt);
-                    Box::pin(this.retry(&parcel, &place, deadline, reason, &abort)).await
+            let ended = async {
+                let mut attempt = match first {
+                    Some(first) => first,
+                    None => match Box::pin(this.first_at_turn(&parcel, &place, deadline, &abort))
+                        .await
+                    {
+                        Ok(first) => first,
+                        Err(end) => return end,
+                    },
+                };
+                let result = tokio::select! {
+                    _ = abort.cancelled() => return Ended::Aborted,
+                    result = &mut attempt => result,
+                };
+                match result {
+                    Ok(()) => Ended::Delivered,
+                    Err(reason) if reason.is_permanent() => Ended::GaveUp(reason.to_string()),
+                    Err(reason) => {
+                        drop(attempt);
+                        Box::pin(this.retry(&parcel, &place, deadline, reason, &abort)).await
+                    }
                 }
             }
+            .await;
+            ended.verdict(&parcel, tombstone)
         }
         .boxed()
     }
@@ -355,18 +363,16 @@ impl ClusterDelivery {
         place: &Place,
         deadline: Instant,
         abort: &CancellationToken,
-    ) -> Result<Attempt, DeliveryEnd> {
+    ) -> Result<Attempt, Ended> {
         tokio::select! {
-            _ = abort.cancelled() => return Err(DeliveryEnd::Aborted),
+            _ = abort.cancelled() => return Err(Ended::Aborted),
             _ = place.first_turn() => {}
         }
         if Instant::now() >= deadline {
-            return Err(DeliveryEnd::GaveUp(
-                self.expired_waiting(&parcel.process_id),
-            ));
+            return Err(Ended::GaveUp(self.expired_waiting(&parcel.process_id)));
         }
         let first = tokio::select! {
-            _ = abort.cancelled() => return Err(DeliveryEnd::Aborted),
+            _ = abort.cancelled() => return Err(Ended::Aborted),
             first = self.attempt(parcel) => first,
         };
         place.handed_over();
@@ -382,7 +388,7 @@ impl ClusterDelivery {
         deadline: Instant,
         mut reason: AttemptFailure,
         abort: &CancellationToken,
-    ) -> DeliveryEnd {
+    ) -> Ended {
         let mut backoff = Backoff::new(self.policy.initial_backoff, self.policy.max_backoff);
         let mut attempts = 1u32;
         loop {
@@ -395,14 +401,14 @@ impl ClusterDelivery {
                 .next_pause()
                 .min(deadline.saturating_duration_since(now));
             if now >= deadline {
-                return DeliveryEnd::GaveUp(format!(
+                return Ended::GaveUp(format!(
                     "{reason} (time to live {:?} spent after {attempts} attempts)",
                     self.policy.ttl
                 ));
             }
             tracing::debug!(process = %parcel.process_id, delivery_id = %parcel.delivery_id, %reason, retry_in = ?pause, "delivery failed; retrying");
             let waited = tokio::select! {
-                _ = abort.cancelled() => return DeliveryEnd::Aborted,
+                _ = abort.cancelled() => return Ended::Aborted,
                 waited = async {
                     tokio::time::sleep(pause).await;
                     // Earlier deliveries of the line go first.
@@ -412,7 +418,7 @@ impl ClusterDelivery {
             if waited && Instant::now() >= deadline {
                 // It waited for its turn past the time to live: the
                 // messages behind it are not held up by one more try.
-                return DeliveryEnd::GaveUp(format!(
+                return Ended::GaveUp(format!(
                     "{reason} (time to live {:?} spent after {attempts} attempts, the last \
                      while earlier messages of its line were retried)",
                     self.policy.ttl
@@ -421,17 +427,17 @@ impl ClusterDelivery {
             attempts += 1;
             self.policy.retried.inc();
             let mut attempt = tokio::select! {
-                _ = abort.cancelled() => return DeliveryEnd::Aborted,
+                _ = abort.cancelled() => return Ended::Aborted,
                 attempt = self.attempt(parcel) => attempt,
             };
             let result = tokio::select! {
-                _ = abort.cancelled() => return DeliveryEnd::Aborted,
+                _ = abort.cancelled() => return Ended::Aborted,
                 result = &mut attempt => result,
             };
             reason = match result {
-                Ok(()) => return DeliveryEnd::Delivered,
+                Ok(()) => return Ended::Delivered,
                 Err(reason) if reason.is_permanent() => {
-                    return DeliveryEnd::GaveUp(reason.to_string());
+                    return Ended::GaveUp(reason.to_string());
                 }
                 Err(reason) => reason,
             };
@@ -539,6 +545,42 @@ pub fn to_wire(input: &InputRecord, message: OutputRecord) -> v1::Message {
     }
 }
 
+/// How a delivery ended, before the verdict hands the message back.
+enum Ended {
+    Delivered,
+    GaveUp(String),
+    Aborted,
+}
+
+impl Ended {
+    /// The flow's verdict; a message given up goes back with it, as it was
+    /// before [`to_wire`] (`tombstone`: it had no value).
+    fn verdict(self, parcel: &Parcel, tombstone: bool) -> DeliveryEnd {
+        match self {
+            Ended::Delivered => DeliveryEnd::Delivered,
+            Ended::Aborted => DeliveryEnd::Aborted,
+            Ended::GaveUp(reason) => DeliveryEnd::GaveUp {
+                reason,
+                call: from_wire(&parcel.message, tombstone),
+            },
+        }
+    }
+}
+
+/// The message [`to_wire`] made `message` from (`tombstone`: it had no
+/// value, which the wire cannot tell from an empty one).
+fn from_wire(message: &v1::Message, tombstone: bool) -> OutputRecord {
+    OutputRecord {
+        key: message.key.as_ref().map(|key| key.to_vec()),
+        value: (!tombstone).then(|| message.value.to_vec()),
+        headers: message
+            .headers
+            .iter()
+            .map(|header| (header.name.clone(), header.value.to_vec()))
+            .collect(),
+    }
+}
+
 /// The relay cluster as a flow's [`DeliveryTarget`]: the router names each
 /// message's process, and the message is handed to it wherever it is
 /// connected; the outcome (acknowledged, or given up after the time to
@@ -579,9 +621,65 @@ impl DeliveryTarget for ClusterTarget {
                 Err(failure) => Delivery::Failed {
                     stage: Stage::Route(failure.stage),
                     reason: failure.reason,
+                    call,
                 },
             }
         }
         .boxed()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn input() -> InputRecord {
+        InputRecord {
+            topic: "calls".into(),
+            partition: 1,
+            offset: 7,
+            key: None,
+            value: None,
+            headers: vec![],
+            timestamp_ms: Some(5),
+        }
+    }
+
+    #[test]
+    fn a_message_given_up_comes_back_as_it_was_handed_over() {
+        let cases = [
+            OutputRecord {
+                key: Some(b"k".to_vec()),
+                value: Some(b"v".to_vec()),
+                headers: vec![("h".into(), b"1".to_vec()), ("h".into(), Vec::new())],
+            },
+            // A tombstone stays a tombstone; an empty value stays empty.
+            OutputRecord {
+                key: Some(b"k".to_vec()),
+                value: None,
+                headers: vec![],
+            },
+            OutputRecord {
+                key: None,
+                value: Some(Vec::new()),
+                headers: vec![],
+            },
+        ];
+        for message in cases {
+            let tombstone = message.value.is_none();
+            let parcel = Parcel {
+                process_id: "p".into(),
+                delivery_id: "calls/1/7".into(),
+                message: to_wire(&input(), message.clone()),
+            };
+            let end = Ended::GaveUp("gone".into()).verdict(&parcel, tombstone);
+            assert_eq!(
+                end,
+                DeliveryEnd::GaveUp {
+                    reason: "gone".into(),
+                    call: message,
+                }
+            );
+        }
     }
 }

@@ -76,6 +76,40 @@ fn with_causes(error: &dyn std::error::Error) -> String {
 /// How much of an error body is quoted in a dead-letter reason.
 const BODY_QUOTE_LIMIT: usize = 200;
 
+/// A service call ready to POST: its value taken out as the body, which
+/// every attempt shares instead of copying it.
+#[derive(Debug)]
+pub struct AppCall {
+    /// The call without its value (key and headers).
+    message: OutputRecord,
+    body: Bytes,
+    /// The call had no value (a tombstone), not an empty one.
+    tombstone: bool,
+}
+
+impl AppCall {
+    /// Takes `message`'s value as the body.
+    pub fn new(mut message: OutputRecord) -> Self {
+        let value = message.value.take();
+        AppCall {
+            tombstone: value.is_none(),
+            body: Bytes::from(value.unwrap_or_default()),
+            message,
+        }
+    }
+
+    /// The call as it was given (for a dead letter).
+    pub fn into_message(self) -> OutputRecord {
+        let AppCall {
+            mut message,
+            body,
+            tombstone,
+        } = self;
+        message.value = (!tombstone).then(|| Vec::from(body));
+        message
+    }
+}
+
 /// Why one request did not get a whole answer.
 enum RequestError {
     Send(hyper_util::client::legacy::Error),
@@ -136,15 +170,15 @@ impl AppClient {
         })
     }
 
-    /// POSTs `message` (produced from `input` by the service-call chain) and
+    /// POSTs `call` (produced from `input` by the service-call chain) and
     /// classifies the answer: 2xx is success, 4xx (but 408 and 429) is final,
     /// anything else, timeouts and connection errors are worth a retry.
-    pub async fn deliver(&self, input: &InputRecord, message: &OutputRecord) -> Attempt<AppAnswer> {
+    pub async fn deliver(&self, input: &InputRecord, call: &AppCall) -> Attempt<AppAnswer> {
         let Ok(_permit) = self.permits.acquire().await else {
             return Attempt::Retry("application client closed".into());
         };
-        let body = Bytes::from(message.value.clone().unwrap_or_default());
-        let mut request = Request::new(Full::new(body));
+        let message = &call.message;
+        let mut request = Request::new(Full::new(call.body.clone()));
         *request.method_mut() = Method::POST;
         *request.uri_mut() = self.uri.clone();
         *request.headers_mut() = self.request_headers(input, message);
@@ -280,6 +314,7 @@ impl DeliveryTarget for AppTarget {
         abort: &'a CancellationToken,
     ) -> BoxFuture<'a, Delivery> {
         async move {
+            let call = AppCall::new(call);
             let retried = retry(
                 &self.retry,
                 abort,
@@ -300,6 +335,7 @@ impl DeliveryTarget for AppTarget {
                 } => Delivery::Failed {
                     stage: Stage::App,
                     reason: failure_reason(&error, attempts, budget_spent),
+                    call: call.into_message(),
                 },
                 Retried::Aborted => Delivery::Aborted,
             }
@@ -435,7 +471,10 @@ mod tests {
         )
         .unwrap();
 
-        let Attempt::Success(answer) = client.deliver(&input(b"k-1"), &call(b"k-1")).await else {
+        let Attempt::Success(answer) = client
+            .deliver(&input(b"k-1"), &AppCall::new(call(b"k-1")))
+            .await
+        else {
             panic!("the call did not succeed");
         };
         assert_eq!(answer.status, 200);
@@ -453,7 +492,9 @@ mod tests {
         // A key that is not text travels base64-encoded.
         let binary = [0xff, 0x00, 0x10];
         assert!(matches!(
-            client.deliver(&input(&binary), &call(&binary)).await,
+            client
+                .deliver(&input(&binary), &AppCall::new(call(&binary)))
+                .await,
             Attempt::Success(_)
         ));
 
@@ -493,7 +534,10 @@ mod tests {
             4,
         )
         .unwrap();
-        let Attempt::Retry(reason) = client.deliver(&input(b"k"), &call(b"k")).await else {
+        let Attempt::Retry(reason) = client
+            .deliver(&input(b"k"), &AppCall::new(call(b"k")))
+            .await
+        else {
             panic!("a redirect was not a retry");
         };
         assert!(reason.starts_with("app answered 307"), "{reason}");
@@ -516,7 +560,8 @@ mod tests {
             4,
         )
         .unwrap();
-        let Attempt::Retry(reason) = slow.deliver(&input(b"k"), &call(b"k")).await else {
+        let Attempt::Retry(reason) = slow.deliver(&input(b"k"), &AppCall::new(call(b"k"))).await
+        else {
             panic!("a timeout was not a retry");
         };
         assert!(reason.contains("did not answer in time"), "{reason}");
@@ -534,11 +579,23 @@ mod tests {
             4,
         )
         .unwrap();
-        let Attempt::Retry(reason) = gone.deliver(&input(b"k"), &call(b"k")).await else {
+        let Attempt::Retry(reason) = gone.deliver(&input(b"k"), &AppCall::new(call(b"k"))).await
+        else {
             panic!("a refused connection was not a retry");
         };
         assert!(reason.starts_with("app unreachable: "), "{reason}");
         assert!(reason.contains("refused"), "the cause is named: {reason}");
+    }
+
+    #[test]
+    fn a_call_given_back_for_its_dead_letter_is_as_it_was() {
+        for value in [Some(b"v".to_vec()), Some(Vec::new()), None] {
+            let message = OutputRecord {
+                value,
+                ..call(b"k")
+            };
+            assert_eq!(AppCall::new(message.clone()).into_message(), message);
+        }
     }
 
     #[test]

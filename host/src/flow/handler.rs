@@ -64,13 +64,6 @@ pub struct FlowHandler {
     pub metrics: FlowMetrics,
 }
 
-/// A cluster delivery in flight: the message (for a dead letter; `None`:
-/// the input as it was, no chain having changed it) and its outcome.
-struct PendingDelivery {
-    call: Option<OutputRecord>,
-    end: BoxFuture<'static, DeliveryEnd>,
-}
-
 /// A produce that is in flight: the record, where to, and its acknowledgement.
 struct InFlight {
     record: OutputRecord,
@@ -143,12 +136,26 @@ fn abandoned() -> Completion {
     async { Outcome::Abandoned }.boxed()
 }
 
-/// The input as a message, before any chain.
+/// The input as a message, before any chain (a copy: a batch's first
+/// attempt, while the record's own part takes it again later).
 fn original(input: &InputRecord) -> OutputRecord {
     OutputRecord {
         key: input.key.clone(),
         value: input.value.clone(),
         headers: input.headers.clone(),
+    }
+}
+
+/// The input as a message, before any chain: its value and headers moved
+/// out of `input`, its key copied. Once the message is made, the record's
+/// handling reads only the input's place (topic, partition, offset,
+/// timestamp) and key: every dead letter is made from the message, which
+/// the chains and the delivery target hand back when they fail.
+fn take_original(input: &mut InputRecord) -> OutputRecord {
+    OutputRecord {
+        key: input.key.clone(),
+        value: input.value.take(),
+        headers: std::mem::take(&mut input.headers),
     }
 }
 
@@ -202,7 +209,7 @@ impl FlowHandler {
     /// service-call chain's first attempt), if it came in one.
     async fn handle_in_order(
         self: Arc<Self>,
-        input: InputRecord,
+        mut input: InputRecord,
         abort: CancellationToken,
         started: Option<Started>,
     ) -> Completion {
@@ -220,14 +227,15 @@ impl FlowHandler {
         // A chain's run is boxed (and skipped when the chain is empty): it
         // would otherwise make every record's future larger than the
         // allocator's thread cache takes.
+        let message = take_original(&mut input);
         let service_call = if self.service_call.is_empty() {
-            ChainRun::Output(vec![original(&input)])
+            ChainRun::Output(vec![message])
         } else {
             Box::pin(self.run_chain_after(
                 first_attempt,
                 &self.service_call,
                 &input,
-                original(&input),
+                message,
                 &abort,
             ))
             .await
@@ -241,25 +249,23 @@ impl FlowHandler {
             ChainRun::Aborted => return abandoned(),
         };
 
-        let mut deliveries: Vec<PendingDelivery> = Vec::new();
+        let mut deliveries: Vec<BoxFuture<'static, DeliveryEnd>> = Vec::new();
         let returns = match &self.target {
             None => calls,
             Some(target) => {
                 let mut returns = Vec::new();
                 for call in calls {
-                    // Kept for a dead letter; without a service-call chain
-                    // the call is the input, made again if it is needed.
-                    let kept = (!self.service_call.is_empty()).then(|| call.clone());
                     match target.deliver(&input, call, &abort).await {
                         Delivery::Answered(records) => {
                             self.metrics.delivered.inc();
                             returns.extend(records);
                         }
-                        Delivery::Pending(end) => {
-                            deliveries.push(PendingDelivery { call: kept, end });
-                        }
-                        Delivery::Failed { stage, reason } => {
-                            let call = kept.unwrap_or_else(|| original(&input));
+                        Delivery::Pending(end) => deliveries.push(end),
+                        Delivery::Failed {
+                            stage,
+                            reason,
+                            call,
+                        } => {
                             dead_letters.push(self.dead_letter(call, &input, &stage, &reason));
                         }
                         Delivery::Aborted => return abandoned(),
@@ -329,10 +335,9 @@ impl FlowHandler {
             let _held = (in_progress, awaiting_ack);
             if deliveries.len() == 1 {
                 let delivery = deliveries.pop().expect("one delivery");
-                let end = delivery.end.await;
+                let end = delivery.await;
                 if !matches!(end, DeliveryEnd::Delivered) {
-                    let settled =
-                        Box::pin(flow.settle_delivery(delivery.call, end, &input, &abort));
+                    let settled = Box::pin(flow.settle_delivery(end, &input, &abort));
                     if !settled.await {
                         return Outcome::Abandoned;
                     }
@@ -359,18 +364,13 @@ impl FlowHandler {
     /// these), then settles each; false when aborted.
     async fn settle_deliveries(
         &self,
-        deliveries: Vec<PendingDelivery>,
+        deliveries: Vec<BoxFuture<'static, DeliveryEnd>>,
         input: &InputRecord,
         abort: &CancellationToken,
     ) -> bool {
-        let ends = futures::future::join_all(
-            deliveries
-                .into_iter()
-                .map(|delivery| delivery.end.map(move |end| (delivery.call, end))),
-        )
-        .await;
-        for (call, end) in ends {
-            if !self.settle_delivery(call, end, input, abort).await {
+        let ends = futures::future::join_all(deliveries).await;
+        for end in ends {
+            if !self.settle_delivery(end, input, abort).await {
                 return false;
             }
         }
@@ -381,7 +381,6 @@ impl FlowHandler {
     /// up; false when aborted.
     async fn settle_delivery(
         &self,
-        call: Option<OutputRecord>,
         end: DeliveryEnd,
         input: &InputRecord,
         abort: &CancellationToken,
@@ -392,8 +391,7 @@ impl FlowHandler {
                 true
             }
             DeliveryEnd::Aborted => false,
-            DeliveryEnd::GaveUp(reason) => {
-                let call = call.unwrap_or_else(|| original(input));
+            DeliveryEnd::GaveUp { reason, call } => {
                 let record = self.dead_letter(call, input, &Stage::Deliver, &reason);
                 Box::pin(self.write_dead_letter(record, abort)).await
             }

@@ -49,6 +49,9 @@ pub enum Delivery {
         stage: Stage,
         /// Why.
         reason: String,
+        /// The call as the target was given it, for the dead letter (the
+        /// flow keeps no copy).
+        call: OutputRecord,
     },
     /// The work was aborted: the input is consumed again later.
     Aborted,
@@ -59,10 +62,15 @@ impl std::fmt::Debug for Delivery {
         match self {
             Delivery::Answered(records) => f.debug_tuple("Answered").field(records).finish(),
             Delivery::Pending(_) => f.write_str("Pending"),
-            Delivery::Failed { stage, reason } => f
+            Delivery::Failed {
+                stage,
+                reason,
+                call,
+            } => f
                 .debug_struct("Failed")
                 .field("stage", stage)
                 .field("reason", reason)
+                .field("call", call)
                 .finish(),
             Delivery::Aborted => f.write_str("Aborted"),
         }
@@ -74,8 +82,15 @@ impl std::fmt::Debug for Delivery {
 pub enum DeliveryEnd {
     /// The receiver acknowledged it.
     Delivered,
-    /// Every attempt failed until the time to live ran out; the last reason.
-    GaveUp(String),
+    /// Every attempt failed until the time to live ran out (or it can never
+    /// be delivered).
+    GaveUp {
+        /// Why: the last attempt's reason.
+        reason: String,
+        /// The call as the target was given it, for the dead letter (the
+        /// flow keeps no copy).
+        call: OutputRecord,
+    },
     /// The work was aborted (shutdown, partition revoked): it will be
     /// consumed again.
     Aborted,

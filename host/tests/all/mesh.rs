@@ -1591,10 +1591,15 @@ async fn a_delivery_with_no_route_reaches_its_process_through_a_lookup_on_the_fi
         .start("p".to_string(), &input(2), output("third"), abort.clone())
         .await;
     let end = tokio::time::timeout(STEP, gone).await.unwrap();
-    let DeliveryEnd::GaveUp(reason) = end else {
+    let DeliveryEnd::GaveUp { reason, call } = end else {
         panic!("expected GaveUp, got {end:?}");
     };
     assert!(reason.contains("nor known elsewhere"), "{reason}");
+    assert_eq!(
+        call,
+        output("third"),
+        "the message comes back for its dead letter"
+    );
     assert_eq!(
         routes.holder("p"),
         None,
@@ -1696,18 +1701,20 @@ async fn messages_whose_ttl_runs_out_behind_a_stuck_one_are_dead_lettered_withou
     let mut ends = ends.into_iter();
     assert_eq!(ends.next().unwrap().await.unwrap(), DeliveryEnd::Delivered);
     let end = ends.next().unwrap().await.unwrap();
-    let DeliveryEnd::GaveUp(reason) = end else {
+    let DeliveryEnd::GaveUp { reason, call } = end else {
         panic!("expected 1 given up, got {end:?}");
     };
+    assert_eq!(call, output("1"));
     assert!(
         reason.contains("refused it: not now")
             && reason.contains("while earlier messages of its line were retried"),
         "{reason}"
     );
     let end = tokio::time::timeout(STEP, third).await.unwrap().unwrap();
-    let DeliveryEnd::GaveUp(reason) = end else {
+    let DeliveryEnd::GaveUp { reason, call } = end else {
         panic!("expected 2 given up, got {end:?}");
     };
+    assert_eq!(call, output("2"));
     assert!(
         reason.contains("spent waiting for earlier messages") && reason.contains("not tried"),
         "{reason}"
