@@ -71,6 +71,29 @@ struct InFlight {
     ack: BoxFuture<'static, Result<Delivered, KafkaError>>,
 }
 
+impl InFlight {
+    /// A produce enqueued, or refused at once (its error is its
+    /// acknowledgement then).
+    fn new(
+        record: OutputRecord,
+        dead_letter: bool,
+        enqueued: Result<
+            impl Future<Output = Result<Delivered, KafkaError>> + Send + 'static,
+            KafkaError,
+        >,
+    ) -> Self {
+        let ack = match enqueued {
+            Ok(ack) => ack.boxed(),
+            Err(error) => async move { Err(error) }.boxed(),
+        };
+        InFlight {
+            record,
+            dead_letter,
+            ack,
+        }
+    }
+}
+
 /// Handles records of one flow; cheap to clone.
 #[derive(Clone, Debug)]
 pub struct FlowMessageHandler {
@@ -214,39 +237,46 @@ impl FlowHandler {
         started: Option<Started>,
     ) -> Completion {
         // Given back however the record ends, with the completion below.
-        let (in_progress, first_attempt) = match started {
-            Some(started) => (started.in_progress, started.first_attempt),
-            None => {
-                self.metrics.consumed.inc();
-                (HeldGauge::hold(&self.metrics.in_progress), None)
-            }
-        };
+        let in_progress;
         let mut outputs: Vec<OutputRecord> = Vec::new();
         let mut dead_letters: Vec<OutputRecord> = Vec::new();
 
-        // A chain's run is boxed (and skipped when the chain is empty): it
-        // would otherwise make every record's future larger than the
-        // allocator's thread cache takes.
-        let message = take_original(&mut input);
-        let service_call = if self.service_call.is_empty() {
-            ChainRun::Output(vec![message])
-        } else {
-            Box::pin(self.run_chain_after(
-                first_attempt,
-                &self.service_call,
-                &input,
-                message,
-                &abort,
-            ))
-            .await
-        };
-        let calls = match service_call {
-            ChainRun::Output(calls) => calls,
-            ChainRun::DeadLetter(record) => {
-                dead_letters.push(record);
-                Vec::new()
+        // The locals of each step are scoped to it: a local's storage in
+        // the future lasts to the end of its scope, even when moved out
+        // earlier, and every record in flight has this future.
+        let calls = {
+            let first_attempt;
+            (in_progress, first_attempt) = match started {
+                Some(started) => (started.in_progress, started.first_attempt),
+                None => {
+                    self.metrics.consumed.inc();
+                    (HeldGauge::hold(&self.metrics.in_progress), None)
+                }
+            };
+            // A chain's run is boxed (and skipped when the chain is
+            // empty): it would otherwise make every record's future larger
+            // than the allocator's thread cache takes.
+            let message = take_original(&mut input);
+            let service_call = if self.service_call.is_empty() {
+                ChainRun::Output(vec![message])
+            } else {
+                Box::pin(self.run_chain_after(
+                    first_attempt,
+                    &self.service_call,
+                    &input,
+                    message,
+                    &abort,
+                ))
+                .await
+            };
+            match service_call {
+                ChainRun::Output(calls) => calls,
+                ChainRun::DeadLetter(record) => {
+                    dead_letters.push(record);
+                    Vec::new()
+                }
+                ChainRun::Aborted => return abandoned(),
             }
-            ChainRun::Aborted => return abandoned(),
         };
 
         let mut deliveries: Vec<BoxFuture<'static, DeliveryEnd>> = Vec::new();
@@ -275,56 +305,36 @@ impl FlowHandler {
             }
         };
 
-        for data_return in returns {
-            let data_return = if self.data_return.is_empty() {
-                ChainRun::Output(vec![data_return])
-            } else {
-                Box::pin(self.run_chain(&self.data_return, &input, data_return, &abort)).await
-            };
-            match data_return {
-                ChainRun::Output(records) => {
-                    for mut record in records {
-                        add_origin_headers(&mut record, &input);
-                        outputs.push(record);
-                    }
-                }
-                ChainRun::DeadLetter(record) => dead_letters.push(record),
-                ChainRun::Aborted => return abandoned(),
+        if self.data_return.is_empty() {
+            for mut record in returns {
+                add_origin_headers(&mut record, &input);
+                outputs.push(record);
+            }
+        } else if !returns.is_empty() {
+            let ran = Box::pin(self.run_data_returns(
+                returns,
+                &input,
+                &abort,
+                &mut outputs,
+                &mut dead_letters,
+            ));
+            if !ran.await {
+                return abandoned();
             }
         }
 
         // Enqueue everything now (in order), await acknowledgements later.
-        let mut in_flight = Vec::with_capacity(outputs.len() + dead_letters.len());
-        for (record, dead_letter) in outputs
-            .into_iter()
-            .map(|r| (r, false))
-            .chain(dead_letters.into_iter().map(|r| (r, true)))
-        {
-            let topic = if dead_letter {
-                &self.dead_letter_topic
-            } else {
-                &self.output_topic
-            };
-            let producer = self.link.producer();
-            // Waiting for room in the producer's queue is boxed: rare, and it
-            // would make every record's future larger.
-            let enqueued = match producer.enqueue_now(topic, &record) {
-                Some(enqueued) => enqueued.map(|ack| ack.boxed()),
-                None => Box::pin(producer.enqueue(topic, &record))
-                    .await
-                    .map(|ack| ack.boxed()),
-            };
-            match enqueued {
-                Ok(ack) => in_flight.push(InFlight {
-                    record,
-                    dead_letter,
-                    ack,
-                }),
-                Err(error) => in_flight.push(InFlight {
-                    record,
-                    dead_letter,
-                    ack: async move { Err(error) }.boxed(),
-                }),
+        // Waiting for room in the producer's queue is boxed: rare, and it
+        // would make every record's future larger.
+        let produced = outputs.len() + dead_letters.len();
+        let mut in_flight = Vec::with_capacity(produced);
+        if produced > 0 {
+            let mut produces = outputs
+                .into_iter()
+                .map(|r| (r, false))
+                .chain(dead_letters.into_iter().map(|r| (r, true)));
+            if let Some(waiting) = self.enqueue_now(&mut produces, &mut in_flight) {
+                Box::pin(self.enqueue_rest(waiting, produces, &mut in_flight)).await;
             }
         }
         let flow = self.clone();
@@ -356,6 +366,76 @@ impl FlowHandler {
             Box::pin(flow.complete(input, in_flight, abort)).await
         }
         .boxed()
+    }
+
+    /// Runs each data-return through the data-return chain: its outputs
+    /// (with the origin headers) to `outputs`, a failure to `dead_letters`;
+    /// false when aborted.
+    async fn run_data_returns(
+        &self,
+        returns: Vec<OutputRecord>,
+        input: &InputRecord,
+        abort: &CancellationToken,
+        outputs: &mut Vec<OutputRecord>,
+        dead_letters: &mut Vec<OutputRecord>,
+    ) -> bool {
+        for data_return in returns {
+            match self
+                .run_chain(&self.data_return, input, data_return, abort)
+                .await
+            {
+                ChainRun::Output(records) => {
+                    for mut record in records {
+                        add_origin_headers(&mut record, input);
+                        outputs.push(record);
+                    }
+                }
+                ChainRun::DeadLetter(record) => dead_letters.push(record),
+                ChainRun::Aborted => return false,
+            }
+        }
+        true
+    }
+
+    /// Enqueues `produces` in order while the producer's queue has room;
+    /// the first that finds it full is returned, not enqueued.
+    fn enqueue_now(
+        &self,
+        produces: &mut impl Iterator<Item = (OutputRecord, bool)>,
+        in_flight: &mut Vec<InFlight>,
+    ) -> Option<(OutputRecord, bool)> {
+        let producer = self.link.producer();
+        for (record, dead_letter) in produces {
+            match producer.enqueue_now(self.topic(dead_letter), &record) {
+                Some(enqueued) => in_flight.push(InFlight::new(record, dead_letter, enqueued)),
+                None => return Some((record, dead_letter)),
+            }
+        }
+        None
+    }
+
+    /// Enqueues `waiting` and then `rest`, in order, each waiting for room
+    /// in the producer's queue when it is full.
+    async fn enqueue_rest(
+        &self,
+        waiting: (OutputRecord, bool),
+        rest: impl Iterator<Item = (OutputRecord, bool)>,
+        in_flight: &mut Vec<InFlight>,
+    ) {
+        for (record, dead_letter) in std::iter::once(waiting).chain(rest) {
+            let producer = self.link.producer();
+            let enqueued = producer.enqueue(self.topic(dead_letter), &record).await;
+            in_flight.push(InFlight::new(record, dead_letter, enqueued));
+        }
+    }
+
+    /// Where a produce goes: the output topic, or the dead-letter topic.
+    fn topic(&self, dead_letter: bool) -> &str {
+        if dead_letter {
+            &self.dead_letter_topic
+        } else {
+            &self.output_topic
+        }
     }
 
     /// Waits for several deliveries of one record together (one waiting
