@@ -436,6 +436,16 @@ mod tests {
         (format!("http://{addr}"), server)
     }
 
+    /// A client of flow `orders` for `url`, 4 requests at a time.
+    fn client(url: String, timeout: Duration) -> AppClient {
+        AppClient::new("orders", &url, timeout, 4).unwrap()
+    }
+
+    /// One attempt at delivering the call of key `key`.
+    async fn deliver(client: &AppClient, key: &[u8]) -> Attempt<AppAnswer> {
+        client.deliver(&input(key), &AppCall::new(call(key))).await
+    }
+
     fn input(key: &[u8]) -> InputRecord {
         InputRecord {
             topic: "calls".into(),
@@ -463,18 +473,9 @@ mod tests {
     async fn a_call_carries_its_place_key_and_headers_and_the_answer_is_the_data_return() {
         let seen = Arc::new(Seen::default());
         let (base, server) = application(seen.clone()).await;
-        let client = AppClient::new(
-            "orders",
-            &format!("{base}/calls"),
-            Duration::from_secs(5),
-            4,
-        )
-        .unwrap();
+        let client = client(format!("{base}/calls"), Duration::from_secs(5));
 
-        let Attempt::Success(answer) = client
-            .deliver(&input(b"k-1"), &AppCall::new(call(b"k-1")))
-            .await
-        else {
+        let Attempt::Success(answer) = deliver(&client, b"k-1").await else {
             panic!("the call did not succeed");
         };
         assert_eq!(answer.status, 200);
@@ -492,9 +493,7 @@ mod tests {
         // A key that is not text travels base64-encoded.
         let binary = [0xff, 0x00, 0x10];
         assert!(matches!(
-            client
-                .deliver(&input(&binary), &AppCall::new(call(&binary)))
-                .await,
+            deliver(&client, &binary).await,
             Attempt::Success(_)
         ));
 
@@ -527,17 +526,8 @@ mod tests {
     async fn a_redirect_is_not_followed_and_is_worth_a_retry() {
         let seen = Arc::new(Seen::default());
         let (base, server) = application(seen.clone()).await;
-        let client = AppClient::new(
-            "orders",
-            &format!("{base}/moved"),
-            Duration::from_secs(5),
-            4,
-        )
-        .unwrap();
-        let Attempt::Retry(reason) = client
-            .deliver(&input(b"k"), &AppCall::new(call(b"k")))
-            .await
-        else {
+        let client = client(format!("{base}/moved"), Duration::from_secs(5));
+        let Attempt::Retry(reason) = deliver(&client, b"k").await else {
             panic!("a redirect was not a retry");
         };
         assert!(reason.starts_with("app answered 307"), "{reason}");
@@ -553,15 +543,8 @@ mod tests {
     async fn a_slow_or_unreachable_application_is_worth_a_retry_and_says_why() {
         let seen = Arc::new(Seen::default());
         let (base, server) = application(seen).await;
-        let slow = AppClient::new(
-            "orders",
-            &format!("{base}/slow"),
-            Duration::from_millis(200),
-            4,
-        )
-        .unwrap();
-        let Attempt::Retry(reason) = slow.deliver(&input(b"k"), &AppCall::new(call(b"k"))).await
-        else {
+        let slow = client(format!("{base}/slow"), Duration::from_millis(200));
+        let Attempt::Retry(reason) = deliver(&slow, b"k").await else {
             panic!("a timeout was not a retry");
         };
         assert!(reason.contains("did not answer in time"), "{reason}");
@@ -572,15 +555,11 @@ mod tests {
             .local_addr()
             .unwrap()
             .port();
-        let gone = AppClient::new(
-            "orders",
-            &format!("http://127.0.0.1:{port}/calls"),
+        let gone = client(
+            format!("http://127.0.0.1:{port}/calls"),
             Duration::from_secs(5),
-            4,
-        )
-        .unwrap();
-        let Attempt::Retry(reason) = gone.deliver(&input(b"k"), &AppCall::new(call(b"k"))).await
-        else {
+        );
+        let Attempt::Retry(reason) = deliver(&gone, b"k").await else {
             panic!("a refused connection was not a retry");
         };
         assert!(reason.starts_with("app unreachable: "), "{reason}");
