@@ -566,6 +566,90 @@ mod tests {
         assert!(reason.contains("refused"), "the cause is named: {reason}");
     }
 
+    /// An `https://` application on a free port that answers one
+    /// connection, over HTTP/2 when the client picks it by ALPN; `alpn`
+    /// is what the server offers. Returns its port, and each request's
+    /// HTTP version.
+    async fn https_application(
+        pki: &wasmrelay_test_support::pki::TestPki,
+        alpn: &[&[u8]],
+    ) -> (
+        u16,
+        Arc<Mutex<Vec<hyper::Version>>>,
+        tokio::task::JoinHandle<()>,
+    ) {
+        use wasmrelay_test_support::pki::TestPki;
+        let mut config = (*TestPki::server_config(&pki.server_cert("app"))).clone();
+        config.alpn_protocols = alpn.iter().map(|p| p.to_vec()).collect();
+        let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(config));
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let versions = Arc::new(Mutex::new(Vec::new()));
+        let seen = versions.clone();
+        // Aborted by the test that started it.
+        #[allow(clippy::disallowed_methods)]
+        let server = tokio::spawn(async move {
+            let (tcp, _) = listener.accept().await.unwrap();
+            let tls = acceptor.accept(tcp).await.unwrap();
+            let h2 = tls.get_ref().1.alpn_protocol() == Some(b"h2");
+            let service = hyper::service::service_fn(move |request: Request<_>| {
+                seen.lock().unwrap().push(request.version());
+                async {
+                    Ok::<_, std::convert::Infallible>(hyper::Response::new(Full::new(
+                        Bytes::from_static(b"ok"),
+                    )))
+                }
+            });
+            let io = hyper_util::rt::TokioIo::new(tls);
+            if h2 {
+                hyper::server::conn::http2::Builder::new(TokioExecutor::new())
+                    .serve_connection(io, service)
+                    .await
+                    .unwrap();
+            } else {
+                hyper::server::conn::http1::Builder::new()
+                    .serve_connection(io, service)
+                    .await
+                    .unwrap();
+            }
+        });
+        (port, versions, server)
+    }
+
+    #[tokio::test]
+    async fn an_https_application_that_offers_http2_gets_it_and_one_that_does_not_gets_http1() {
+        let pki = wasmrelay_test_support::pki::TestPki::new("app-versions");
+        let cases: [(&[&[u8]], hyper::Version); 3] = [
+            (&[b"h2", b"http/1.1"], hyper::Version::HTTP_2),
+            (&[b"http/1.1"], hyper::Version::HTTP_11),
+            (&[], hyper::Version::HTTP_11),
+        ];
+        for (alpn, expected) in cases {
+            let (port, versions, server) = https_application(&pki, alpn).await;
+            let client = AppClient::with_ca(
+                "orders",
+                &format!("https://localhost:{port}/calls"),
+                Duration::from_secs(5),
+                4,
+                Some(pki.ca_pem().as_bytes()),
+            )
+            .unwrap();
+            let Attempt::Success(answer) = deliver(&client, b"k").await else {
+                panic!("the call over https did not succeed");
+            };
+            assert_eq!(
+                answer.data_return.unwrap().value.as_deref(),
+                Some(&b"ok"[..])
+            );
+            assert_eq!(
+                *versions.lock().unwrap(),
+                vec![expected],
+                "offered {alpn:?}"
+            );
+            server.abort();
+        }
+    }
+
     #[test]
     fn a_call_given_back_for_its_dead_letter_is_as_it_was() {
         for value in [Some(b"v".to_vec()), Some(Vec::new()), None] {
