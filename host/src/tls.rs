@@ -12,6 +12,8 @@
 //! connector it dials its peers with ([`ServerTls::peer_connector`]),
 //! presenting the same reloadable certificate as a client certificate.
 //! [`common_name`] reads the identity a client certificate carries.
+//! [`web_client_config`] is the client side towards web servers (the
+//! sidecar's `https://` application): the system's CAs plus a flow's own.
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
