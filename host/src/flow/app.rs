@@ -110,10 +110,15 @@ impl AppCall {
     }
 }
 
+/// The largest answer read from the application (64 MiB): far above what
+/// Kafka takes as a data-return, so only a broken or hostile application
+/// reaches it, and it cannot make the relay hold unbounded memory.
+pub const MAX_ANSWER_BYTES: usize = 64 << 20;
+
 /// Why one request did not get a whole answer.
 enum RequestError {
     Send(hyper_util::client::legacy::Error),
-    Body(hyper::Error),
+    Body(Box<dyn std::error::Error + Send + Sync>),
 }
 
 impl AppClient {
@@ -189,7 +194,10 @@ impl AppClient {
                 .await
                 .map_err(RequestError::Send)?;
             let (parts, body) = response.into_parts();
-            let body = body.collect().await.map_err(RequestError::Body)?;
+            let body = http_body_util::Limited::new(body, MAX_ANSWER_BYTES)
+                .collect()
+                .await
+                .map_err(RequestError::Body)?;
             Ok::<_, RequestError>((parts, body.to_bytes()))
         };
         let (parts, body) = match tokio::time::timeout(self.timeout, exchange).await {
@@ -197,10 +205,18 @@ impl AppClient {
             Ok(Err(RequestError::Send(error))) => {
                 return Attempt::Retry(format!("app unreachable: {}", with_causes(&error)));
             }
+            Ok(Err(RequestError::Body(error)))
+                if error.is::<http_body_util::LengthLimitError>() =>
+            {
+                // Asking again gets the same answer.
+                return Attempt::GiveUp(format!(
+                    "the app's answer is larger than {MAX_ANSWER_BYTES} bytes"
+                ));
+            }
             Ok(Err(RequestError::Body(error))) => {
                 return Attempt::Retry(format!(
                     "reading the app's answer: {}",
-                    with_causes(&error)
+                    with_causes(&*error)
                 ));
             }
             Err(_) => {
@@ -419,6 +435,7 @@ mod tests {
                     StatusCode::OK
                 }),
             )
+            .route("/huge", post(|| async { vec![b'x'; MAX_ANSWER_BYTES + 1] }))
             .route(
                 "/slow",
                 post(|| async {
@@ -536,6 +553,17 @@ mod tests {
             0,
             "the redirect was followed"
         );
+        server.abort();
+    }
+
+    #[tokio::test]
+    async fn an_answer_over_the_limit_is_final_and_says_so() {
+        let (base, server) = application(Arc::new(Seen::default())).await;
+        let client = client(format!("{base}/huge"), Duration::from_secs(30));
+        let Attempt::GiveUp(reason) = deliver(&client, b"k").await else {
+            panic!("an answer over the limit was not final");
+        };
+        assert!(reason.contains("larger than 67108864 bytes"), "{reason}");
         server.abort();
     }
 
