@@ -114,3 +114,44 @@ impl RelayProducer {
         self.inner.in_flight_count()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    /// The relay links the librdkafka of `vendor/rdkafka-sys`, patched so its
+    /// idempotent producer does not spin while its in-flight window is full
+    /// (vendor/README.md). Re-vendoring without the patch fails here.
+    #[test]
+    fn the_vendored_librdkafka_carries_the_spin_fix() {
+        let root = concat!(env!("CARGO_MANIFEST_DIR"), "/../vendor");
+        let patch =
+            std::fs::read_to_string(format!("{root}/librdkafka-idempotent-producer-spin.patch"))
+                .expect("the patch file");
+        let source = std::fs::read_to_string(format!(
+            "{root}/rdkafka-sys/librdkafka/src/rdkafka_broker.c"
+        ))
+        .expect("the vendored librdkafka source");
+        let added: Vec<&str> = patch
+            .lines()
+            .filter(|line| line.starts_with('+') && !line.starts_with("+++"))
+            .map(|line| &line[1..])
+            .filter(|line| !line.trim().is_empty())
+            .collect();
+        assert!(added.len() >= 5, "the patch adds lines: {added:?}");
+        for line in added {
+            assert!(
+                source.lines().any(|source_line| source_line == line),
+                "vendor/rdkafka-sys lacks the patched line {line:?}"
+            );
+        }
+        let lock = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../Cargo.lock"))
+            .expect("Cargo.lock");
+        let entry = lock
+            .split("[[package]]")
+            .find(|package| package.contains("name = \"rdkafka-sys\""))
+            .expect("rdkafka-sys in Cargo.lock");
+        assert!(
+            !entry.contains("source = "),
+            "rdkafka-sys must come from vendor/ (a path), not a registry: {entry}"
+        );
+    }
+}
