@@ -18,8 +18,8 @@ use hyper::{Method, Request, Uri};
 use hyper_rustls::HttpsConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::rt::TokioExecutor;
 use tokio::sync::Semaphore;
+use tokio_util::task::TaskTracker;
 
 use futures::FutureExt as _;
 use futures::future::BoxFuture;
@@ -121,26 +121,46 @@ enum RequestError {
     Body(Box<dyn std::error::Error + Send + Sync>),
 }
 
+/// Runs hyper's connection tasks (one per pooled connection) on a
+/// [`TaskTracker`], so that whoever owns the tracker (the node) owns them
+/// and waits for them when it stops. Each ends once the client that pooled
+/// its connection is dropped.
+#[derive(Clone, Debug)]
+struct TrackedExecutor(TaskTracker);
+
+impl<F> hyper::rt::Executor<F> for TrackedExecutor
+where
+    F: Future + Send + 'static,
+    F::Output: Send + 'static,
+{
+    fn execute(&self, future: F) {
+        self.0.spawn(future);
+    }
+}
+
 impl AppClient {
     /// A client for `url` with a per-request `timeout` and at most
-    /// `concurrency` requests in flight.
+    /// `concurrency` requests in flight, its connections' tasks on a
+    /// tracker of its own (the node's clients use [`AppClient::with_ca`]).
     pub fn new(
         flow: &str,
         url: &str,
         timeout: Duration,
         concurrency: usize,
     ) -> anyhow::Result<Self> {
-        Self::with_ca(flow, url, timeout, concurrency, None)
+        Self::with_ca(flow, url, timeout, concurrency, None, &TaskTracker::new())
     }
 
     /// [`AppClient::new`] that also trusts `ca_pem` (PEM certificates) for
-    /// an `https://` application, besides the system's roots.
+    /// an `https://` application, besides the system's roots, and runs its
+    /// connections' tasks on `tasks`.
     pub fn with_ca(
         flow: &str,
         url: &str,
         timeout: Duration,
         concurrency: usize,
         ca_pem: Option<&[u8]>,
+        tasks: &TaskTracker,
     ) -> anyhow::Result<Self> {
         let parsed =
             url::Url::parse(url).map_err(|e| anyhow::anyhow!("application URL `{url}`: {e}"))?;
@@ -162,7 +182,7 @@ impl AppClient {
             .https_or_http()
             .enable_all_versions()
             .wrap_connector(connector);
-        let http = Client::builder(TokioExecutor::new())
+        let http = Client::builder(TrackedExecutor(tasks.clone()))
             .pool_max_idle_per_host(concurrency)
             .build(connector);
         Ok(AppClient {
@@ -630,7 +650,7 @@ mod tests {
             });
             let io = hyper_util::rt::TokioIo::new(tls);
             if h2 {
-                hyper::server::conn::http2::Builder::new(TokioExecutor::new())
+                hyper::server::conn::http2::Builder::new(hyper_util::rt::TokioExecutor::new())
                     .serve_connection(io, service)
                     .await
                     .unwrap();
@@ -660,6 +680,7 @@ mod tests {
                 Duration::from_secs(5),
                 4,
                 Some(pki.ca_pem().as_bytes()),
+                &TaskTracker::new(),
             )
             .unwrap();
             let Attempt::Success(answer) = deliver(&client, b"k").await else {
@@ -676,6 +697,35 @@ mod tests {
             );
             server.abort();
         }
+    }
+
+    #[tokio::test]
+    async fn a_pooled_connections_task_runs_on_the_given_tracker_and_ends_with_the_client() {
+        let seen = Arc::new(Seen::default());
+        let (base, server) = application(seen.clone()).await;
+        let tasks = TaskTracker::new();
+        let client = AppClient::with_ca(
+            "orders",
+            &format!("{base}/calls"),
+            Duration::from_secs(5),
+            4,
+            None,
+            &tasks,
+        )
+        .unwrap();
+        assert!(matches!(deliver(&client, b"k").await, Attempt::Success(_)));
+        assert!(matches!(deliver(&client, b"k").await, Attempt::Success(_)));
+        assert_eq!(
+            tasks.len(),
+            1,
+            "one kept-alive connection, its task on the tracker"
+        );
+        drop(client);
+        tasks.close();
+        tokio::time::timeout(Duration::from_secs(5), tasks.wait())
+            .await
+            .expect("the connection's task ends once its client is dropped");
+        server.abort();
     }
 
     #[test]
@@ -699,6 +749,7 @@ mod tests {
             Duration::from_secs(1),
             1,
             Some(b"not a certificate"),
+            &TaskTracker::new(),
         )
         .unwrap_err();
         assert!(error.to_string().contains("no PEM certificate"), "{error}");

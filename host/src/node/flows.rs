@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use anyhow::Context as _;
 use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
 
 use crate::cluster::{
     ClusterDelivery, ClusterFlow, ClusterListeners, ClusterRuntime, ClusterTarget, DeliveryPolicy,
@@ -84,7 +85,8 @@ fn data_return_chain(
 }
 
 /// Prepares every flow: its handler and the runner of its consumer, with
-/// the id of the link it consumes from. Nothing is consumed yet.
+/// the id of the link it consumes from. Nothing is consumed yet. The
+/// application clients' connection tasks run on `tasks`.
 pub(super) fn prepare(
     config: &RelayConfig,
     links: &BTreeMap<String, Arc<KafkaLink>>,
@@ -92,6 +94,7 @@ pub(super) fn prepare(
     cluster: Option<&Arc<ClusterRuntime>>,
     metrics: &Arc<RelayMetrics>,
     consumers_stop: CancellationToken,
+    tasks: &TaskTracker,
 ) -> anyhow::Result<Vec<(String, Arc<FlowRunner>)>> {
     let consumer_options = ConsumerOptions {
         shutdown_grace: config.shutdown_grace,
@@ -107,7 +110,7 @@ pub(super) fn prepare(
                 registry.clone(),
                 metrics.clone(),
             ),
-            target: target(flow, registry, cluster, metrics)
+            target: target(flow, registry, cluster, metrics, tasks)
                 .with_context(|| format!("flow `{}`", flow.name))?,
             data_return: data_return_chain(flow, registry, metrics),
             link: links[&flow.link].clone(),
@@ -151,6 +154,7 @@ fn target(
     registry: &Arc<PluginRegistry>,
     cluster: Option<&Arc<ClusterRuntime>>,
     metrics: &Arc<RelayMetrics>,
+    tasks: &TaskTracker,
 ) -> anyhow::Result<Option<Arc<dyn DeliveryTarget>>> {
     Ok(match &flow.deliver {
         None => None,
@@ -173,6 +177,7 @@ fn target(
                     })
                     .transpose()?
                     .as_deref(),
+                tasks,
             )?,
             flow.retry.clone(),
             metrics.flow(&flow.name).retried,

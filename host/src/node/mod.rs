@@ -233,6 +233,7 @@ impl Node {
             parts.cluster.as_ref(),
             &metrics,
             parts.consumers_stop.clone(),
+            &parts.tasks,
         )?;
         let mut followers = Vec::new();
         if let Some(center_config) = &config.center {
@@ -270,6 +271,8 @@ impl Node {
         let started = self.start_consumers();
         if let Err(error) = started {
             tracing::error!(error = %format!("{error:#}"), "start-up failed; stopping what was started");
+            // The flows' application clients go first (see below).
+            self.runners.clear();
             self.parts
                 .stop_in_order(Instant::now() + self.shutdown_grace)
                 .await;
@@ -308,6 +311,12 @@ impl Node {
         );
         shutdown.cancelled().await;
         tracing::info!("shutting down: finishing in-flight messages");
+        // The node holds its flows only to start them. Let go of them now,
+        // so that each flow's application client is dropped once its
+        // consumer stops: the tasks of its pooled connections (on the
+        // node's tracker) end then, and the node does not wait for them
+        // until its grace period runs out.
+        self.runners.clear();
         self.parts
             .stop_in_order(Instant::now() + self.shutdown_grace)
             .await;

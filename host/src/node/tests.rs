@@ -241,3 +241,73 @@ dead_letter_topic = "dlq"
     assert_eq!(status("/links", Some("admin-secret-token")).await, 200);
     drop(node);
 }
+
+/// A sidecar node that has called its application (over a kept-alive
+/// connection, whose task runs on the node's tracker) stops within its
+/// grace period, not at its end: the flows' clients are let go before the
+/// node waits for its tasks.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sidecar_that_called_its_application_stops_well_within_its_grace_period() {
+    use rdkafka::producer::{FutureProducer, FutureRecord};
+
+    let plugins = tempfile::tempdir().unwrap();
+    let kafka = mock_kafka();
+    let calls = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let seen = calls.clone();
+    let app = axum::Router::new().route(
+        "/calls",
+        axum::routing::post(move || {
+            seen.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            async { axum::http::StatusCode::OK }
+        }),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let app_addr = listener.local_addr().unwrap();
+    // Aborted at the end of the test.
+    #[allow(clippy::disallowed_methods)]
+    let server = tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    let config = config(
+        plugins.path(),
+        "127.0.0.1:0".parse().unwrap(),
+        &format!("bootstrap_servers = \"{}\"", kafka.bootstrap_servers()),
+        &format!("[flows.deliver.app]\nurl = \"http://{app_addr}/calls\"\n"),
+    );
+    let node = Node::build(config, Arc::new(RelayMetrics::new()))
+        .await
+        .unwrap();
+    let shutdown = tokio_util::sync::CancellationToken::new();
+    #[allow(clippy::disallowed_methods)]
+    let running = tokio::spawn(node.run(shutdown.clone()));
+
+    let producer: FutureProducer = rdkafka::ClientConfig::new()
+        .set("bootstrap.servers", kafka.bootstrap_servers())
+        .create()
+        .unwrap();
+    producer
+        .send(
+            FutureRecord::<str, str>::to("in").key("k").payload("call"),
+            Duration::from_secs(5),
+        )
+        .await
+        .unwrap();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    while calls.load(std::sync::atomic::Ordering::SeqCst) == 0 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the application was never called"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+
+    let stopping = tokio::time::Instant::now();
+    shutdown.cancel();
+    running.await.unwrap().unwrap();
+    let took = stopping.elapsed();
+    // The grace period is 5 s; waiting for a connection task that nothing
+    // ends would take all of it and 2 s more.
+    assert!(
+        took < Duration::from_secs(3),
+        "the node took {took:?} to stop"
+    );
+    server.abort();
+}
