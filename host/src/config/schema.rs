@@ -652,6 +652,12 @@ pub struct AppTarget {
     /// application's certificate.
     #[serde(default)]
     pub ca: Option<PathBuf>,
+    /// The application speaks HTTP/2 only: h2c (prior knowledge) over
+    /// `http://`, h2 the only protocol offered by ALPN over `https://`.
+    /// Off: HTTP/1.1 over `http://`, HTTP/2 over `https://` when the
+    /// application offers it.
+    #[serde(default)]
+    pub http2_only: bool,
 }
 
 /// Retry with exponential backoff, bounded by a time budget.

@@ -138,30 +138,56 @@ where
     }
 }
 
+/// How the relay talks to the application, besides its URL.
+#[derive(Clone, Copy, Debug)]
+pub struct AppConnection<'a> {
+    /// Time allowed for one request (and reading its answer).
+    pub timeout: Duration,
+    /// Most requests in flight at once.
+    pub concurrency: usize,
+    /// For an `https://` application: CA certificates (PEM) trusted
+    /// besides the system's roots.
+    pub ca_pem: Option<&'a [u8]>,
+    /// The application speaks HTTP/2 only: over `http://` from the first
+    /// byte (h2c, prior knowledge), over `https://` h2 is the only protocol
+    /// offered by ALPN. Otherwise HTTP/1.1 over `http://`, and HTTP/2 over
+    /// `https://` when the application offers it.
+    pub http2_only: bool,
+}
+
 impl AppClient {
     /// A client for `url` with a per-request `timeout` and at most
     /// `concurrency` requests in flight, its connections' tasks on a
-    /// tracker of its own (the node's clients use [`AppClient::with_ca`]).
+    /// tracker of its own (the node's clients use [`AppClient::connect`]).
     pub fn new(
         flow: &str,
         url: &str,
         timeout: Duration,
         concurrency: usize,
     ) -> anyhow::Result<Self> {
-        Self::with_ca(flow, url, timeout, concurrency, None, &TaskTracker::new())
+        let connection = AppConnection {
+            timeout,
+            concurrency,
+            ca_pem: None,
+            http2_only: false,
+        };
+        Self::connect(flow, url, &connection, &TaskTracker::new())
     }
 
-    /// [`AppClient::new`] that also trusts `ca_pem` (PEM certificates) for
-    /// an `https://` application, besides the system's roots, and runs its
-    /// connections' tasks on `tasks`.
-    pub fn with_ca(
+    /// A client of flow `flow` for the application at `url`, talking to it
+    /// as `connection` says, its connections' tasks on `tasks`.
+    pub fn connect(
         flow: &str,
         url: &str,
-        timeout: Duration,
-        concurrency: usize,
-        ca_pem: Option<&[u8]>,
+        connection: &AppConnection<'_>,
         tasks: &TaskTracker,
     ) -> anyhow::Result<Self> {
+        let AppConnection {
+            timeout,
+            concurrency,
+            ca_pem,
+            http2_only,
+        } = *connection;
         let parsed =
             url::Url::parse(url).map_err(|e| anyhow::anyhow!("application URL `{url}`: {e}"))?;
         if !matches!(parsed.scheme(), "http" | "https") {
@@ -174,16 +200,20 @@ impl AppClient {
             .parse()
             .map_err(|e| anyhow::anyhow!("application URL `{url}`: {e}"))?;
         let tls = crate::tls::web_client_config(ca_pem)?;
-        let mut connector = HttpConnector::new();
-        connector.enforce_http(false);
-        connector.set_nodelay(true);
-        let connector = hyper_rustls::HttpsConnectorBuilder::new()
+        let mut tcp = HttpConnector::new();
+        tcp.enforce_http(false);
+        tcp.set_nodelay(true);
+        let https = hyper_rustls::HttpsConnectorBuilder::new()
             .with_tls_config(tls)
-            .https_or_http()
-            .enable_all_versions()
-            .wrap_connector(connector);
+            .https_or_http();
+        let connector = if http2_only {
+            https.enable_http2().wrap_connector(tcp)
+        } else {
+            https.enable_all_versions().wrap_connector(tcp)
+        };
         let http = Client::builder(TrackedExecutor(tasks.clone()))
             .pool_max_idle_per_host(concurrency)
+            .http2_only(http2_only)
             .build(connector);
         Ok(AppClient {
             uri,
@@ -473,6 +503,16 @@ mod tests {
         (format!("http://{addr}"), server)
     }
 
+    /// 5 s a request, 4 at a time, HTTP/1.1 over http.
+    fn connection() -> AppConnection<'static> {
+        AppConnection {
+            timeout: Duration::from_secs(5),
+            concurrency: 4,
+            ca_pem: None,
+            http2_only: false,
+        }
+    }
+
     /// A client of flow `orders` for `url`, 4 requests at a time.
     fn client(url: String, timeout: Duration) -> AppClient {
         AppClient::new("orders", &url, timeout, 4).unwrap()
@@ -674,12 +714,14 @@ mod tests {
         ];
         for (alpn, expected) in cases {
             let (port, versions, server) = https_application(&pki, alpn).await;
-            let client = AppClient::with_ca(
+            let connection = AppConnection {
+                ca_pem: Some(pki.ca_pem().as_bytes()),
+                ..connection()
+            };
+            let client = AppClient::connect(
                 "orders",
                 &format!("https://localhost:{port}/calls"),
-                Duration::from_secs(5),
-                4,
-                Some(pki.ca_pem().as_bytes()),
+                &connection,
                 &TaskTracker::new(),
             )
             .unwrap();
@@ -704,15 +746,8 @@ mod tests {
         let seen = Arc::new(Seen::default());
         let (base, server) = application(seen.clone()).await;
         let tasks = TaskTracker::new();
-        let client = AppClient::with_ca(
-            "orders",
-            &format!("{base}/calls"),
-            Duration::from_secs(5),
-            4,
-            None,
-            &tasks,
-        )
-        .unwrap();
+        let client =
+            AppClient::connect("orders", &format!("{base}/calls"), &connection(), &tasks).unwrap();
         assert!(matches!(deliver(&client, b"k").await, Attempt::Success(_)));
         assert!(matches!(deliver(&client, b"k").await, Attempt::Success(_)));
         assert_eq!(
@@ -725,6 +760,81 @@ mod tests {
         tokio::time::timeout(Duration::from_secs(5), tasks.wait())
             .await
             .expect("the connection's task ends once its client is dropped");
+        server.abort();
+    }
+
+    /// An application on plain TCP that speaks only HTTP/2 (h2c): the
+    /// versions of the requests it got and how many connections it took.
+    async fn h2c_application() -> (
+        String,
+        Arc<Mutex<Vec<hyper::Version>>>,
+        Arc<Mutex<u32>>,
+        tokio::task::JoinHandle<()>,
+    ) {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let versions = Arc::new(Mutex::new(Vec::new()));
+        let connections = Arc::new(Mutex::new(0));
+        let (seen, accepted) = (versions.clone(), connections.clone());
+        // Aborted by the test that started it.
+        #[allow(clippy::disallowed_methods)]
+        let server = tokio::spawn(async move {
+            loop {
+                let (tcp, _) = listener.accept().await.unwrap();
+                *accepted.lock().unwrap() += 1;
+                let seen = seen.clone();
+                let service = hyper::service::service_fn(move |request: Request<_>| {
+                    seen.lock().unwrap().push(request.version());
+                    async {
+                        Ok::<_, std::convert::Infallible>(hyper::Response::new(Full::new(
+                            Bytes::from_static(b"ok"),
+                        )))
+                    }
+                });
+                // Each connection on its own: one that is not HTTP/2 fails alone.
+                #[allow(clippy::disallowed_methods)]
+                tokio::spawn(
+                    hyper::server::conn::http2::Builder::new(hyper_util::rt::TokioExecutor::new())
+                        .serve_connection(hyper_util::rt::TokioIo::new(tcp), service),
+                );
+            }
+        });
+        (format!("http://{addr}"), versions, connections, server)
+    }
+
+    #[tokio::test]
+    async fn with_http2_only_a_plain_http_application_gets_h2c_with_calls_sharing_one_connection() {
+        let (base, versions, connections, server) = h2c_application().await;
+        let connection = AppConnection {
+            http2_only: true,
+            ..connection()
+        };
+        let h2c = AppClient::connect(
+            "orders",
+            &format!("{base}/calls"),
+            &connection,
+            &TaskTracker::new(),
+        )
+        .unwrap();
+        let attempts = futures::future::join_all((0..4).map(|_| deliver(&h2c, b"k"))).await;
+        for attempt in attempts {
+            let Attempt::Success(answer) = attempt else {
+                panic!("an h2c call did not succeed");
+            };
+            assert_eq!(answer.status, 200);
+        }
+        assert_eq!(*versions.lock().unwrap(), vec![hyper::Version::HTTP_2; 4]);
+        assert_eq!(
+            *connections.lock().unwrap(),
+            1,
+            "four calls, one connection"
+        );
+
+        // Without the option the relay speaks HTTP/1.1, which this
+        // application does not take: a retry, not a hang.
+        let http1 = client(format!("{base}/calls"), Duration::from_secs(5));
+        assert!(matches!(deliver(&http1, b"k").await, Attempt::Retry(_)));
+        assert_eq!(versions.lock().unwrap().len(), 4);
         server.abort();
     }
 
@@ -743,15 +853,12 @@ mod tests {
     fn a_url_that_is_not_http_or_a_ca_without_certificates_is_refused() {
         let error = AppClient::new("f", "ftp://app/calls", Duration::from_secs(1), 1).unwrap_err();
         assert!(error.to_string().contains("http or https"), "{error}");
-        let error = AppClient::with_ca(
-            "f",
-            "https://app/calls",
-            Duration::from_secs(1),
-            1,
-            Some(b"not a certificate"),
-            &TaskTracker::new(),
-        )
-        .unwrap_err();
+        let connection = AppConnection {
+            ca_pem: Some(b"not a certificate"),
+            ..connection()
+        };
+        let error = AppClient::connect("f", "https://app/calls", &connection, &TaskTracker::new())
+            .unwrap_err();
         assert!(error.to_string().contains("no PEM certificate"), "{error}");
     }
 }

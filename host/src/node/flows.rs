@@ -16,7 +16,7 @@ use crate::cluster::{
     FlowUpstream, ProcessRouter,
 };
 use crate::config::{ClusterConfig, DeliverConfig, FlowConfig, RelayConfig};
-use crate::flow::app::{AppClient, AppTarget};
+use crate::flow::app::{AppClient, AppConnection, AppTarget};
 use crate::flow::chain::PluginChain;
 use crate::flow::{DeliveryTarget, FlowHandler, FlowMessageHandler};
 use crate::kafka::ConsumerOptions;
@@ -158,30 +158,32 @@ fn target(
 ) -> anyhow::Result<Option<Arc<dyn DeliveryTarget>>> {
     Ok(match &flow.deliver {
         None => None,
-        Some(DeliverConfig::App(app)) => Some(Arc::new(AppTarget::new(
-            AppClient::with_ca(
-                &flow.name,
-                &app.url,
-                app.timeout,
-                app.concurrency,
-                app.ca
-                    .as_ref()
-                    .map(|ca| {
-                        std::fs::read(ca).with_context(|| {
-                            format!(
-                                "flow `{}`: reading the application CA {}",
-                                flow.name,
-                                ca.display()
-                            )
-                        })
+        Some(DeliverConfig::App(app)) => {
+            let ca_pem = app
+                .ca
+                .as_ref()
+                .map(|ca| {
+                    std::fs::read(ca).with_context(|| {
+                        format!(
+                            "flow `{}`: reading the application CA {}",
+                            flow.name,
+                            ca.display()
+                        )
                     })
-                    .transpose()?
-                    .as_deref(),
-                tasks,
-            )?,
-            flow.retry.clone(),
-            metrics.flow(&flow.name).retried,
-        ))),
+                })
+                .transpose()?;
+            let connection = AppConnection {
+                timeout: app.timeout,
+                concurrency: app.concurrency,
+                ca_pem: ca_pem.as_deref(),
+                http2_only: app.http2_only,
+            };
+            Some(Arc::new(AppTarget::new(
+                AppClient::connect(&flow.name, &app.url, &connection, tasks)?,
+                flow.retry.clone(),
+                metrics.flow(&flow.name).retried,
+            )))
+        }
         Some(DeliverConfig::Cluster(target)) => {
             let runtime = cluster.context("a cluster flow needs `[cluster]`")?;
             Some(Arc::new(ClusterTarget::new(

@@ -242,35 +242,36 @@ dead_letter_topic = "dlq"
     drop(node);
 }
 
-/// A sidecar node that has called its application (over a kept-alive
-/// connection, whose task runs on the node's tracker) stops within its
-/// grace period, not at its end: the flows' clients are let go before the
-/// node waits for its tasks.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_sidecar_that_called_its_application_stops_well_within_its_grace_period() {
+/// Runs a sidecar node on the mock cluster whose flow delivers to an
+/// application here (`[flows.deliver.app]` plus `app_toml`), sends it one
+/// message, waits until the application has it, then stops the node.
+/// Returns the HTTP versions the application saw and how long the stop took.
+async fn call_the_application_once_and_stop(
+    app_toml: &str,
+) -> (Vec<axum::http::Version>, Duration) {
     use rdkafka::producer::{FutureProducer, FutureRecord};
 
     let plugins = tempfile::tempdir().unwrap();
     let kafka = mock_kafka();
-    let calls = Arc::new(std::sync::atomic::AtomicUsize::new(0));
-    let seen = calls.clone();
+    let versions = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let seen = versions.clone();
     let app = axum::Router::new().route(
         "/calls",
-        axum::routing::post(move || {
-            seen.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        axum::routing::post(move |request: axum::extract::Request| {
+            seen.lock().unwrap().push(request.version());
             async { axum::http::StatusCode::OK }
         }),
     );
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let app_addr = listener.local_addr().unwrap();
-    // Aborted at the end of the test.
+    // Aborted at the end.
     #[allow(clippy::disallowed_methods)]
     let server = tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
     let config = config(
         plugins.path(),
         "127.0.0.1:0".parse().unwrap(),
         &format!("bootstrap_servers = \"{}\"", kafka.bootstrap_servers()),
-        &format!("[flows.deliver.app]\nurl = \"http://{app_addr}/calls\"\n"),
+        &format!("[flows.deliver.app]\nurl = \"http://{app_addr}/calls\"\n{app_toml}"),
     );
     let node = Node::build(config, Arc::new(RelayMetrics::new()))
         .await
@@ -291,7 +292,7 @@ async fn a_sidecar_that_called_its_application_stops_well_within_its_grace_perio
         .await
         .unwrap();
     let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
-    while calls.load(std::sync::atomic::Ordering::SeqCst) == 0 {
+    while versions.lock().unwrap().is_empty() {
         assert!(
             tokio::time::Instant::now() < deadline,
             "the application was never called"
@@ -303,11 +304,35 @@ async fn a_sidecar_that_called_its_application_stops_well_within_its_grace_perio
     shutdown.cancel();
     running.await.unwrap().unwrap();
     let took = stopping.elapsed();
+    server.abort();
+    let versions = versions.lock().unwrap().clone();
+    (versions, took)
+}
+
+/// A sidecar node that has called its application (over a kept-alive
+/// connection, whose task runs on the node's tracker) stops within its
+/// grace period, not at its end: the flows' clients are let go before the
+/// node waits for its tasks.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sidecar_that_called_its_application_stops_well_within_its_grace_period() {
+    let (versions, took) = call_the_application_once_and_stop("").await;
+    assert_eq!(versions, vec![axum::http::Version::HTTP_11]);
     // The grace period is 5 s; waiting for a connection task that nothing
     // ends would take all of it and 2 s more.
     assert!(
         took < Duration::from_secs(3),
         "the node took {took:?} to stop"
     );
-    server.abort();
+}
+
+/// `http2_only` reaches the flow's client: a plain `http://` application is
+/// spoken to in HTTP/2 (h2c).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_application_flow_with_http2_only_calls_in_h2c() {
+    let (versions, took) = call_the_application_once_and_stop("http2_only = true\n").await;
+    assert_eq!(versions, vec![axum::http::Version::HTTP_2]);
+    assert!(
+        took < Duration::from_secs(3),
+        "the node took {took:?} to stop"
+    );
 }
