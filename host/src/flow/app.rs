@@ -513,6 +513,11 @@ mod tests {
         }
     }
 
+    /// A client of flow `orders` for `url`, talking as `connection` says.
+    fn client_with(url: &str, connection: AppConnection<'_>) -> AppClient {
+        AppClient::connect("orders", url, &connection, &TaskTracker::new()).unwrap()
+    }
+
     /// A client of flow `orders` for `url`, 4 requests at a time.
     fn client(url: String, timeout: Duration) -> AppClient {
         AppClient::new("orders", &url, timeout, 4).unwrap()
@@ -714,17 +719,13 @@ mod tests {
         ];
         for (alpn, expected) in cases {
             let (port, versions, server) = https_application(&pki, alpn).await;
-            let connection = AppConnection {
-                ca_pem: Some(pki.ca_pem().as_bytes()),
-                ..connection()
-            };
-            let client = AppClient::connect(
-                "orders",
+            let client = client_with(
                 &format!("https://localhost:{port}/calls"),
-                &connection,
-                &TaskTracker::new(),
-            )
-            .unwrap();
+                AppConnection {
+                    ca_pem: Some(pki.ca_pem().as_bytes()),
+                    ..connection()
+                },
+            );
             let Attempt::Success(answer) = deliver(&client, b"k").await else {
                 panic!("the call over https did not succeed");
             };
@@ -805,17 +806,13 @@ mod tests {
     #[tokio::test]
     async fn with_http2_only_a_plain_http_application_gets_h2c_with_calls_sharing_one_connection() {
         let (base, versions, connections, server) = h2c_application().await;
-        let connection = AppConnection {
-            http2_only: true,
-            ..connection()
-        };
-        let h2c = AppClient::connect(
-            "orders",
+        let h2c = client_with(
             &format!("{base}/calls"),
-            &connection,
-            &TaskTracker::new(),
-        )
-        .unwrap();
+            AppConnection {
+                http2_only: true,
+                ..connection()
+            },
+        );
         let attempts = futures::future::join_all((0..4).map(|_| deliver(&h2c, b"k"))).await;
         for attempt in attempts {
             let Attempt::Success(answer) = attempt else {

@@ -312,27 +312,22 @@ async fn call_the_application_once_and_stop(
 /// A sidecar node that has called its application (over a kept-alive
 /// connection, whose task runs on the node's tracker) stops within its
 /// grace period, not at its end: the flows' clients are let go before the
-/// node waits for its tasks.
+/// node waits for its tasks. With `http2_only` the application is spoken
+/// to in HTTP/2 (h2c) over plain `http://`: the option reaches the client.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_sidecar_that_called_its_application_stops_well_within_its_grace_period() {
-    let (versions, took) = call_the_application_once_and_stop("").await;
-    assert_eq!(versions, vec![axum::http::Version::HTTP_11]);
-    // The grace period is 5 s; waiting for a connection task that nothing
-    // ends would take all of it and 2 s more.
-    assert!(
-        took < Duration::from_secs(3),
-        "the node took {took:?} to stop"
-    );
-}
-
-/// `http2_only` reaches the flow's client: a plain `http://` application is
-/// spoken to in HTTP/2 (h2c).
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_application_flow_with_http2_only_calls_in_h2c() {
-    let (versions, took) = call_the_application_once_and_stop("http2_only = true\n").await;
-    assert_eq!(versions, vec![axum::http::Version::HTTP_2]);
-    assert!(
-        took < Duration::from_secs(3),
-        "the node took {took:?} to stop"
-    );
+    let cases = [
+        ("", axum::http::Version::HTTP_11),
+        ("http2_only = true\n", axum::http::Version::HTTP_2),
+    ];
+    for (app_toml, version) in cases {
+        let (versions, took) = call_the_application_once_and_stop(app_toml).await;
+        assert_eq!(versions, vec![version], "with `{app_toml}`");
+        // The grace period is 5 s; waiting for a connection task that
+        // nothing ends would take all of it and 2 s more.
+        assert!(
+            took < Duration::from_secs(3),
+            "with `{app_toml}` the node took {took:?} to stop"
+        );
+    }
 }
