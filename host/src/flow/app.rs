@@ -54,6 +54,8 @@ pub struct AppClient {
     permits: Arc<Semaphore>,
     /// The flow's name, as the `x-wasmrelay-flow` header sends it.
     flow: HeaderValue,
+    /// Whether only HTTP/2 is spoken (named in a failed call's reason).
+    http2_only: bool,
 }
 
 /// `error` and each error it was caused by, `: `-separated: hyper's own
@@ -222,6 +224,7 @@ impl AppClient {
             permits: Arc::new(Semaphore::new(concurrency.max(1))),
             flow: HeaderValue::from_str(flow)
                 .map_err(|e| anyhow::anyhow!("flow name `{flow}` as an HTTP header: {e}"))?,
+            http2_only,
         })
     }
 
@@ -253,7 +256,12 @@ impl AppClient {
         let (parts, body) = match tokio::time::timeout(self.timeout, exchange).await {
             Ok(Ok(answer)) => answer,
             Ok(Err(RequestError::Send(error))) => {
-                return Attempt::Retry(format!("app unreachable: {}", with_causes(&error)));
+                let hint = if self.http2_only {
+                    " (the flow has `http2_only = true`: does the application speak HTTP/2?)"
+                } else {
+                    ""
+                };
+                return Attempt::Retry(format!("app unreachable: {}{hint}", with_causes(&error)));
             }
             Ok(Err(RequestError::Body(error)))
                 if error.is::<http_body_util::LengthLimitError>() =>
@@ -764,9 +772,12 @@ mod tests {
         server.abort();
     }
 
-    /// An application on plain TCP that speaks only HTTP/2 (h2c): the
-    /// versions of the requests it got and how many connections it took.
-    async fn h2c_application() -> (
+    /// An application on plain TCP that speaks only HTTP/2 (h2c) or only
+    /// HTTP/1.1: the versions of the requests it got and how many
+    /// connections it took.
+    async fn plain_application(
+        http2: bool,
+    ) -> (
         String,
         Arc<Mutex<Vec<hyper::Version>>>,
         Arc<Mutex<u32>>,
@@ -792,12 +803,19 @@ mod tests {
                         )))
                     }
                 });
-                // Each connection on its own: one that is not HTTP/2 fails alone.
-                #[allow(clippy::disallowed_methods)]
-                tokio::spawn(
-                    hyper::server::conn::http2::Builder::new(hyper_util::rt::TokioExecutor::new())
-                        .serve_connection(hyper_util::rt::TokioIo::new(tcp), service),
-                );
+                // Each connection on its own: one in the other version fails alone.
+                let io = hyper_util::rt::TokioIo::new(tcp);
+                if http2 {
+                    let h2 = hyper::server::conn::http2::Builder::new(
+                        hyper_util::rt::TokioExecutor::new(),
+                    );
+                    #[allow(clippy::disallowed_methods)]
+                    tokio::spawn(async move { h2.serve_connection(io, service).await });
+                } else {
+                    let h1 = hyper::server::conn::http1::Builder::new();
+                    #[allow(clippy::disallowed_methods)]
+                    tokio::spawn(async move { h1.serve_connection(io, service).await });
+                }
             }
         });
         (format!("http://{addr}"), versions, connections, server)
@@ -805,7 +823,7 @@ mod tests {
 
     #[tokio::test]
     async fn with_http2_only_a_plain_http_application_gets_h2c_with_calls_sharing_one_connection() {
-        let (base, versions, connections, server) = h2c_application().await;
+        let (base, versions, connections, server) = plain_application(true).await;
         let h2c = client_with(
             &format!("{base}/calls"),
             AppConnection {
@@ -830,8 +848,28 @@ mod tests {
         // Without the option the relay speaks HTTP/1.1, which this
         // application does not take: a retry, not a hang.
         let http1 = client(format!("{base}/calls"), Duration::from_secs(5));
-        assert!(matches!(deliver(&http1, b"k").await, Attempt::Retry(_)));
+        let Attempt::Retry(reason) = deliver(&http1, b"k").await else {
+            panic!("an HTTP/1.1 call to an h2c-only application was not a retry");
+        };
+        assert!(reason.starts_with("app unreachable"), "{reason}");
         assert_eq!(versions.lock().unwrap().len(), 4);
+        server.abort();
+
+        // With the option, an application that speaks only HTTP/1.1: a
+        // retry whose reason names the option.
+        let (base, versions, _, server) = plain_application(false).await;
+        let h2c = client_with(
+            &format!("{base}/calls"),
+            AppConnection {
+                http2_only: true,
+                ..connection()
+            },
+        );
+        let Attempt::Retry(reason) = deliver(&h2c, b"k").await else {
+            panic!("an h2c call to an HTTP/1.1-only application was not a retry");
+        };
+        assert!(reason.contains("`http2_only = true`"), "{reason}");
+        assert!(versions.lock().unwrap().is_empty());
         server.abort();
     }
 
