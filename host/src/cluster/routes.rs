@@ -1189,6 +1189,11 @@ pub async fn follow_routes(
                     tracing::info!(records = catch_up.records, routes = catch_up.routes, seconds = catch_up.seconds, "route table caught up");
                     table.routes.shrink();
                     table.caught_up.send_replace(Some(catch_up));
+                    // What the reader's fetches and the map's growth freed
+                    // stays with glibc until given back: now, rather than
+                    // at the next periodic release.
+                    let released = tokio::task::spawn_blocking(wasmrelay_malloc::release_free_memory).await;
+                    tracing::debug!(released = released.unwrap_or(false), "free heap memory given back after the catch-up");
                 }
             }
         }
