@@ -154,6 +154,9 @@ const SQLITE_STORAGE: &str = "sqlite://tansu.db";
 /// Timeout of a single admin or metadata request made by the helpers.
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// Records [`Tansu::produce`] sends before it waits for their acknowledgements.
+const PRODUCE_CHUNK: usize = 20_000;
+
 /// A record to produce. `partition: None` lets librdkafka's partitioner
 /// choose (by key hash; random for null keys).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -755,18 +758,26 @@ impl Tansu {
         records: impl IntoIterator<Item = TestRecord>,
     ) -> Vec<(i32, i64)> {
         let records: Vec<TestRecord> = records.into_iter().collect();
-        let sends = records
-            .iter()
-            .map(|record| producer.send(record.to_future_record(topic), Duration::from_secs(30)));
-        join_all(sends)
-            .await
-            .into_iter()
-            .enumerate()
-            .map(|(i, delivery)| match delivery {
-                Ok(delivery) => (delivery.partition, delivery.offset),
-                Err((e, _)) => panic!("delivering record {i} to {topic}: {e}\n{}", self.log()),
-            })
-            .collect()
+        let mut written = Vec::with_capacity(records.len());
+        // In chunks well under librdkafka's queue (100,000 messages): a
+        // benchmark's 150,000 records sent at once waited for room in the
+        // queue, and the last ones could time out on a slow broker.
+        for (chunk_index, chunk) in records.chunks(PRODUCE_CHUNK).enumerate() {
+            let sends = chunk.iter().map(|record| {
+                producer.send(record.to_future_record(topic), Duration::from_secs(30))
+            });
+            for (i, delivery) in join_all(sends).await.into_iter().enumerate() {
+                match delivery {
+                    Ok(delivery) => written.push((delivery.partition, delivery.offset)),
+                    Err((e, _)) => panic!(
+                        "delivering record {} to {topic}: {e}\n{}",
+                        chunk_index * PRODUCE_CHUNK + i,
+                        self.log()
+                    ),
+                }
+            }
+        }
+        written
     }
 
     /// Reads `topic` from the beginning of every partition (assigned, no
