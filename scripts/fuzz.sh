@@ -7,7 +7,8 @@
 #   scripts/fuzz.sh 100000 config_text center_value
 #
 # The targets, by project:
-#   protocol/fuzz: decode_frames, decode_then_encode (the frame codec)
+#   protocol/fuzz: decode_frames, decode_then_encode (the frame codec),
+#                  check_message (a forwarded message passed on undecoded)
 #   host/fuzz:     config_text (the config loader: TOML, interpolation,
 #                  validation), center_value (`kafka.<id>` values),
 #                  heartbeat_record and route_records (records read from
@@ -43,7 +44,7 @@ case "$runs" in
 esac
 sanitizer="${FUZZ_SANITIZER:-address}"
 
-protocol_targets=(decode_frames decode_then_encode)
+protocol_targets=(decode_frames decode_then_encode check_message)
 host_targets=(config_text center_value heartbeat_record route_records message_line)
 targets=("$@")
 # FUZZ_TARGET names one target, as before the host targets existed.
@@ -83,7 +84,9 @@ build() {
   local build_started=$SECONDS
   case "$1" in
     protocol)
-      (cd "$root/protocol" && RUSTC_BOOTSTRAP=1 cargo fuzz build --sanitizer "$sanitizer" --debug-assertions) ;;
+      (cd "$root/protocol" && RUSTC_BOOTSTRAP=1 cargo fuzz build --sanitizer "$sanitizer" --debug-assertions)
+      # Its tests: the committed seeds are what they say they are.
+      (cd "$root/protocol/fuzz" && cargo test --locked --quiet) ;;
     host)
       (cd "$root" && RUSTC_WORKSPACE_WRAPPER="$root/scripts/fuzz-rustc.sh" \
         cargo build --locked -p wasmrelay-host-fuzz --bins) ;;

@@ -26,7 +26,8 @@
 //! `cargo bench -p wasmrelay --bench cluster_delivery`
 //! (`BENCH_DELIVERIES`, default 200,000 per run; `BENCH_ROUNDS`, default 5:
 //! the three runs are repeated, interleaved, and each path's median is
-//! printed with the range).
+//! printed with the range). `BENCH_ONLY=routed` (or `local`, `plain`)
+//! runs that path alone, e.g. under `perf record`.
 
 // Its tasks (nodes, processes) live as long as the benchmark's process.
 #![allow(
@@ -351,6 +352,8 @@ fn main() {
         .and_then(|v| v.parse().ok())
         .unwrap_or(5)
         .max(1);
+    let only = std::env::var("BENCH_ONLY").ok();
+    let runs_path = move |path: &str| only.as_deref().is_none_or(|only| only == path);
     // As a node runs: two worker threads.
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -392,11 +395,26 @@ fn main() {
         // (a run now and then is slowed by the machine).
         let mut runs: [Vec<Measured>; 3] = Default::default();
         for _ in 0..rounds {
-            runs[0].push(measure(count, plain_loop(count)).await);
-            runs[1].push(measure(count, through_the_relay(&delivery, "proc-local", count)).await);
-            runs[2].push(measure(count, through_the_relay(&delivery, "proc-routed", count)).await);
+            if runs_path("plain") {
+                runs[0].push(measure(count, plain_loop(count)).await);
+            }
+            if runs_path("local") {
+                runs[1].push(measure(count, through_the_relay(&delivery, "proc-local", count)).await);
+            }
+            if runs_path("routed") {
+                runs[2].push(measure(count, through_the_relay(&delivery, "proc-routed", count)).await);
+            }
         }
         stop.cancel();
+        if runs.iter().any(Vec::is_empty) {
+            for (name, run) in ["plain", "local", "routed"].iter().zip(&runs) {
+                if !run.is_empty() {
+                    let run = median(run.clone());
+                    println!("{name}: {:.2} µs CPU per delivery ({:.2}-{:.2}), {:.0}/s", run.cpu_us_per_delivery, run.lowest_cpu, run.highest_cpu, run.per_second);
+                }
+            }
+            return;
+        }
         let [plain, local, routed] = runs.map(median);
 
         println!(

@@ -18,6 +18,7 @@ mod support;
 
 use bytes::{Bytes, BytesMut};
 use criterion::{Criterion, Throughput, criterion_group};
+use prost::Message as _;
 use tokio_util::codec::{Decoder as _, Encoder as _};
 use wasmrelay_protocol::mesh_auth::{FrameBatch, MeshCodec, SessionKeys};
 use wasmrelay_protocol::v1::{self, ForwardResult};
@@ -31,15 +32,19 @@ fn forward(seq: u64) -> Frame {
         seq,
         process_id: "proc-routed-256-throughput".to_string(),
         delivery_id: format!("bench-topic/3/{}", 100_000 + seq),
-        message: Some(v1::Message {
-            key: Some(Bytes::from_static(b"key-1234")),
-            value: Bytes::from(vec![b'x'; 256]),
-            headers: Vec::new(),
-            topic: "bench-topic".to_string(),
-            partition: 3,
-            offset: 100_000 + seq as i64,
-            timestamp_ms: 1_700_000_000_000,
-        }),
+        message: Some(
+            v1::Message {
+                key: Some(Bytes::from_static(b"key-1234")),
+                value: Bytes::from(vec![b'x'; 256]),
+                headers: Vec::new(),
+                topic: "bench-topic".to_string(),
+                partition: 3,
+                offset: 100_000 + seq as i64,
+                timestamp_ms: 1_700_000_000_000,
+            }
+            .encode_to_vec()
+            .into(),
+        ),
     }))
 }
 

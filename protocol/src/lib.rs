@@ -12,6 +12,7 @@ pub mod codec;
 pub mod io;
 pub mod mesh_auth;
 pub mod parcel;
+pub mod wire_message;
 
 /// Types generated from `proto/wasmrelay.proto` (package `wasmrelay.v1`).
 #[allow(
@@ -29,6 +30,7 @@ pub use codec::{CodecError, FrameCodec};
 pub use parcel::{Outgoing, Parcel, ParcelFrame};
 pub use v1::Frame;
 pub use v1::frame::Kind;
+pub use wire_message::{EncodedMessage, WireMessage};
 
 /// The protocol version this crate speaks (in `Hello` and `MeshHello`).
 pub const PROTOCOL_VERSION: u32 = 1;
@@ -91,16 +93,14 @@ impl Kind {
     }
 }
 
-/// The encoded length of the `Deliver` frame that carries `message` with
-/// `delivery_id`, whatever its sequence number (counted at its largest):
+/// The encoded length of the `Deliver` frame that carries a message of
+/// `message_len` encoded bytes with `delivery_id`, whatever its sequence number (counted at its largest):
 /// what a node checks against a connection's frame limit before it hands a
 /// message to the connection, so that a message that can never fit is
 /// refused at once rather than ending the connection.
-pub fn deliver_frame_len(delivery_id: &str, message: &v1::Message) -> usize {
-    use prost::Message as _;
+pub fn deliver_frame_len(delivery_id: &str, message_len: usize) -> usize {
     use prost::encoding::encoded_len_varint;
     // Field tags of 1..15 take one byte; a `u64` varint at most ten.
-    let message_len = message.encoded_len();
     let deliver_len = 1
         + 10
         + 1
@@ -153,7 +153,7 @@ mod tests {
                 }))
                 .encoded_len()
             };
-            let counted = deliver_frame_len("business/0/12", &message);
+            let counted = deliver_frame_len("business/0/12", message.encoded_len());
             assert_eq!(counted, frame(u64::MAX), "value of {value_len} bytes");
             assert!(counted >= frame(1));
         }

@@ -965,12 +965,12 @@ mod tests {
         let parcel = std::sync::Arc::new(crate::Parcel {
             process_id: "p-1".to_string(),
             delivery_id: "t/0/7".to_string(),
-            message: crate::v1::Message {
+            message: crate::WireMessage::new(crate::v1::Message {
                 value: vec![9u8; 300].into(),
                 topic: "t".to_string(),
                 offset: 7,
                 ..Default::default()
-            },
+            }),
         });
         let frames = vec![
             Outgoing::Frame(ping(1)),

@@ -13,6 +13,7 @@ use bytes::{Buf, BufMut};
 use prost::DecodeError;
 use prost::encoding::{DecodeContext, WireType, encode_key, encode_varint, encoded_len_varint};
 
+use crate::wire_message::WireMessage;
 use crate::{Frame, v1};
 
 /// What a delivery carries to its process, whichever way it goes.
@@ -22,8 +23,8 @@ pub struct Parcel {
     pub process_id: String,
     /// The delivery's id (in a `Deliver` and a `Forward`).
     pub delivery_id: String,
-    /// The message.
-    pub message: v1::Message,
+    /// The message: made here, or as a peer node forwarded it.
+    pub message: WireMessage,
 }
 
 /// Tags of `Frame.deliver` and `Frame.forward`.
@@ -71,13 +72,13 @@ impl ParcelFrame {
                 seq: self.seq,
                 process_id: parcel.process_id.clone(),
                 delivery_id: parcel.delivery_id.clone(),
-                message: Some(parcel.message.clone()),
+                message: Some(parcel.message.to_bytes()),
             })
         } else {
             crate::Kind::Deliver(v1::Deliver {
                 seq: self.seq,
                 delivery_id: parcel.delivery_id.clone(),
-                message: Some(parcel.message.clone()),
+                message: Some(parcel.message.decoded().into_owned()),
             })
         })
     }
@@ -225,7 +226,7 @@ mod tests {
         Parcel {
             process_id: process_id.to_string(),
             delivery_id: delivery_id.to_string(),
-            message: v1::Message {
+            message: WireMessage::new(v1::Message {
                 key: Some(Bytes::from_static(b"key")),
                 value: vec![7u8; value_len].into(),
                 headers: (0..headers)
@@ -238,7 +239,7 @@ mod tests {
                 partition: 3,
                 offset: 12,
                 timestamp_ms: -1,
-            },
+            }),
         }
     }
 
@@ -246,8 +247,15 @@ mod tests {
     fn a_parcel_frame_encodes_to_the_bytes_of_its_frame() {
         for (process_id, delivery_id) in [("p-1", "business/3/12"), ("", ""), ("p", "")] {
             for value_len in [0, 1, 127, 128, 16_384, 300_000] {
-                for headers in [0, 1, 3] {
-                    let parcel = Arc::new(parcel(process_id, delivery_id, value_len, headers));
+                for (headers, encoded) in [(0, false), (1, false), (3, false), (3, true)] {
+                    let mut parcel = parcel(process_id, delivery_id, value_len, headers);
+                    if encoded {
+                        // As a peer forwarded it: the same bytes go out.
+                        let bytes = parcel.message.to_bytes();
+                        parcel.message =
+                            WireMessage::Encoded(crate::EncodedMessage::check(bytes).unwrap());
+                    }
+                    let parcel = Arc::new(parcel);
                     for seq in [0, 1, 127, 128, u64::MAX] {
                         for frame in [
                             ParcelFrame::deliver(seq, parcel.clone()),

@@ -31,7 +31,7 @@ use futures::future::BoxFuture;
 use tokio::sync::oneshot;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
-use wasmrelay_protocol::{Backoff, Parcel, v1};
+use wasmrelay_protocol::{Backoff, Parcel, WireMessage, v1};
 
 use super::delivery_lines::{DeliveryLines, Place};
 use super::mesh::{ForwardOutcome, Forwarded, LookupFound};
@@ -195,7 +195,8 @@ enum Attempt {
     /// From `node`, where the process is by the route table.
     Forwarded {
         answer: Forwarded,
-        node: String,
+        /// Shared with the route table.
+        node: Arc<str>,
         parcel: Arc<Parcel>,
         routes: Option<Arc<RouteTable>>,
     },
@@ -230,7 +231,11 @@ impl Future for Attempt {
                 routes,
             } => {
                 let outcome = ready!(Pin::new(answer).poll(cx));
-                let node = std::mem::take(node);
+                if let Ok(ForwardOutcome::Delivered) = outcome {
+                    return Poll::Ready(Ok(()));
+                }
+                // Named in the error only.
+                let node = node.to_string();
                 let error = match outcome {
                     Ok(ForwardOutcome::Delivered) => return Poll::Ready(Ok(())),
                     Ok(ForwardOutcome::NotHere(reason)) => {
@@ -290,7 +295,7 @@ impl ClusterDelivery {
         // Every attempt shares it: handing it over costs a reference count.
         let parcel = Arc::new(Parcel {
             delivery_id: input.delivery_id(),
-            message: to_wire(input, message),
+            message: WireMessage::new(to_wire(input, message)),
             process_id,
         });
         // A message that can never fit a frame to a process is not tried.
@@ -487,7 +492,7 @@ impl ClusterDelivery {
                 if let Some(routes) = &self.routes {
                     routes.learn(process_id, &found.node, found.generation);
                 }
-                elsewhere = Some(found.node);
+                elsewhere = Some(Arc::from(found.node));
             }
         }
         let (node, forwarder) = match (elsewhere, &self.forwarder) {
@@ -495,7 +500,7 @@ impl ClusterDelivery {
             (Some(node), None) => {
                 return Attempt::failed(AttemptFailure::NoMesh {
                     process_id: process_id.to_string(),
-                    node,
+                    node: node.to_string(),
                 });
             }
             (None, _) => {
@@ -518,7 +523,7 @@ impl ClusterDelivery {
             },
             Err(source) => Attempt::failed(AttemptFailure::NotForwarded {
                 process_id: process_id.to_string(),
-                node,
+                node: node.to_string(),
                 source,
             }),
         }
@@ -561,7 +566,7 @@ impl Ended {
             Ended::Aborted => DeliveryEnd::Aborted,
             Ended::GaveUp(reason) => DeliveryEnd::GaveUp {
                 reason,
-                call: from_wire(&parcel.message, tombstone),
+                call: from_wire(&parcel.message.decoded(), tombstone),
             },
         }
     }
@@ -670,7 +675,7 @@ mod tests {
             let parcel = Parcel {
                 process_id: "p".into(),
                 delivery_id: "calls/1/7".into(),
-                message: to_wire(&input(), message.clone()),
+                message: to_wire(&input(), message.clone()).into(),
             };
             let end = Ended::GaveUp("gone".into()).verdict(&parcel, tombstone);
             assert_eq!(

@@ -321,10 +321,11 @@ impl RouteTable {
     }
 
     /// The node holding `process_id`, if a live node does (this node's own
-    /// routes are not returned: the gateway knows those).
-    pub fn lookup(&self, process_id: &str) -> Option<String> {
+    /// routes are not returned: the gateway knows those). The name is the
+    /// table's own, shared: a lookup allocates nothing.
+    pub fn lookup(&self, process_id: &str) -> Option<Arc<str>> {
         let (_, node) = self.route_of(process_id)?;
-        (*node != *self.self_id && self.live.load().contains(&*node)).then(|| node.to_string())
+        (*node != *self.self_id && self.live.load().contains(&*node)).then_some(node)
     }
 
     /// The route of `process_id`, and the name of its node.

@@ -658,7 +658,7 @@ impl ClusterRuntime {
         let local = self.gateway.session(process_id);
         let node = match &local {
             Some(_) => Some(self.node_id.clone()),
-            None => self.routes.lookup(process_id),
+            None => self.routes.lookup(process_id).map(|node| node.to_string()),
         }?;
         let view = self.view.borrow();
         let holder = view.nodes.get(&node);

@@ -33,7 +33,7 @@ use tokio::net::TcpListener;
 use tokio::sync::oneshot;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
-use wasmrelay_protocol::{Parcel, v1};
+use wasmrelay_protocol::{Parcel, WireMessage, v1};
 
 pub use auth::ClientAuth;
 pub use session::{DeliverError, DeliveryResult, Ending, NoRoom, Session};
@@ -437,7 +437,7 @@ impl Gateway {
         self.deliver_parcel(Arc::new(Parcel {
             process_id: process_id.to_string(),
             delivery_id,
-            message,
+            message: message.into(),
         }))
         .await
     }
@@ -457,8 +457,8 @@ impl Gateway {
 
     /// Whether `message` fits in a frame to a process (see
     /// [`DeliverError::TooLarge`]).
-    pub fn check_fits(&self, delivery_id: &str, message: &v1::Message) -> Result<(), DeliverError> {
-        let bytes = wasmrelay_protocol::deliver_frame_len(delivery_id, message);
+    pub fn check_fits(&self, delivery_id: &str, message: &WireMessage) -> Result<(), DeliverError> {
+        let bytes = wasmrelay_protocol::deliver_frame_len(delivery_id, message.encoded_len());
         let max = self.options.max_frame_bytes;
         if bytes > max {
             return Err(DeliverError::TooLarge { bytes, max });

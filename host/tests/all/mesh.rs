@@ -442,7 +442,7 @@ async fn a_sender_keeps_no_more_forwards_to_a_process_unanswered_than_its_peer_h
                 let parcel = Arc::new(Parcel {
                     process_id: "p-1".to_string(),
                     delivery_id: format!("t/0/{n}"),
-                    message: message("x"),
+                    message: message("x").into(),
                 });
                 let answer = mesh.forward("b", parcel).await.unwrap();
                 answers.push(answer);
@@ -843,7 +843,19 @@ async fn bad_input_on_the_mesh_port_gets_an_error_frame_while_links_keep_working
     .await
     .unwrap();
     expect_error_and_close(&mut conn, ErrorCode::ProtocolViolation).await;
-    assert!(b.mesh.stats().protocol_errors() >= 4);
+    // A Forward whose message is not a valid `Message` (its topic is not
+    // UTF-8): the node passes messages on undecoded, so it checks them.
+    let mut conn = raw_linked(&b, [7; 16]).await;
+    conn.send(Frame::of(Kind::Forward(v1::Forward {
+        seq: 1,
+        process_id: "p-1".to_string(),
+        delivery_id: "t/0/0".to_string(),
+        message: Some(Bytes::from_static(&[0x22, 0x02, 0xff, 0xfe])),
+    })))
+    .await
+    .unwrap();
+    expect_error_and_close(&mut conn, ErrorCode::BadFrame).await;
+    assert!(b.mesh.stats().protocol_errors() >= 5);
 
     // Idle for several keepalive intervals: pings keep the link up.
     tokio::time::sleep(KEEPALIVE * 5).await;

@@ -18,6 +18,7 @@ fn hello() -> Frame {
         process_id: "billing-7".to_string(),
         client_name: "billing-worker/2.3.1".to_string(),
         accepts_redirect: true,
+        redirects: 0,
         token: "eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiJiaWxsaW5nLTciLCJleHAiOjB9.c2ln".to_string(),
     }))
 }
@@ -85,7 +86,7 @@ fn forward() -> Frame {
         seq: 9,
         process_id: "billing-7".to_string(),
         delivery_id: "orders/3/1234567".to_string(),
-        message: Some(message()),
+        message: Some(prost::Message::encode_to_vec(&message()).into()),
     }))
 }
 
@@ -141,6 +142,15 @@ fn decode_frames_seeds() -> Vec<(&'static str, Vec<u8>)> {
     ]
 }
 
+/// `check_message` inputs: the encoding of a message.
+fn check_message_seeds() -> Vec<(&'static str, Vec<u8>)> {
+    vec![
+        ("message_with_headers", prost::Message::encode_to_vec(&message())),
+        ("empty", Vec::new()),
+        ("not_utf8_topic", vec![0x22, 0x02, 0xff, 0xfe]),
+    ]
+}
+
 /// `decode_then_encode` inputs: the body of one frame.
 fn decode_then_encode_seeds() -> Vec<(&'static str, Vec<u8>)> {
     vec![
@@ -159,6 +169,7 @@ fn seeds_are_up_to_date() {
     let sets = [
         ("decode_frames", decode_frames_seeds()),
         ("decode_then_encode", decode_then_encode_seeds()),
+        ("check_message", check_message_seeds()),
     ];
     for (target, seeds) in sets {
         let dir = root.join(target);

@@ -629,7 +629,7 @@ impl Mesh {
         let parcel = Arc::new(Parcel {
             process_id: process_id.to_string(),
             delivery_id,
-            message,
+            message: message.into(),
         });
         link.forward(&self.shared.stats, room, parcel)
     }

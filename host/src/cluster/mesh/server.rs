@@ -30,7 +30,9 @@ use wasmrelay_protocol::mesh_auth::{
     MAX_CLOCK_SKEW_MS, MeshCodec, SessionKeys, verify_hello, welcome_mac,
 };
 use wasmrelay_protocol::v1::{self, ErrorCode, ForwardResult};
-use wasmrelay_protocol::{Frame, Kind, Outgoing, PROTOCOL_VERSION, Parcel};
+use wasmrelay_protocol::{
+    EncodedMessage, Frame, Kind, Outgoing, PROTOCOL_VERSION, Parcel, WireMessage,
+};
 
 use super::link::{NONCE_BYTES, code_name};
 use super::wire::{self, Conn};
@@ -236,20 +238,27 @@ async fn serve_link(
         let reply = match frame.kind {
             Some(Kind::Forward(forward)) => {
                 bump(&stats.forwards_received);
-                let Some(message) = forward.message else {
-                    bump(&stats.protocol_errors);
-                    let reason = format!("Forward {} has no message", forward.seq);
-                    break (
-                        reason.clone(),
-                        Some(Frame::error(ErrorCode::ProtocolViolation, reason)),
-                    );
+                // Checked here, then passed on to the process as it came.
+                let checked = match forward.message {
+                    None => Err(("has no message".to_string(), ErrorCode::ProtocolViolation)),
+                    Some(message) => EncodedMessage::check(message)
+                        .map_err(|error| (format!("carries {error}"), ErrorCode::BadFrame)),
                 };
-                let forward = v1::Forward {
-                    message: Some(message),
-                    ..forward
+                let message = match checked {
+                    Ok(message) => message,
+                    Err((error, code)) => {
+                        bump(&stats.protocol_errors);
+                        let reason = format!("Forward {} {error}", forward.seq);
+                        break (reason.clone(), Some(Frame::error(code, reason)));
+                    }
+                };
+                let parcel = Parcel {
+                    process_id: forward.process_id,
+                    delivery_id: forward.delivery_id,
+                    message: WireMessage::Encoded(message),
                 };
                 // A refusal (the process's lane is full) is answered at once.
-                lanes.take(forward)
+                lanes.take(forward.seq, parcel)
             }
             Some(Kind::MeshLookup(lookup)) => {
                 let generation = mesh.answer_lookup(&lookup.process_id);
@@ -413,7 +422,7 @@ const LANE_LIMIT: usize = super::FORWARDS_WAITING_PER_PROCESS;
 /// The lanes of one link: the forwards waiting per process, in arrival
 /// order. A lane's task hands them to the gateway one after the other and
 /// ends, under the lock, once its lane is empty.
-type Lanes = Arc<Mutex<HashMap<String, std::collections::VecDeque<v1::Forward>>>>;
+type Lanes = Arc<Mutex<HashMap<String, std::collections::VecDeque<(u64, Parcel)>>>>;
 
 /// Hands a link's forwards to the gateway, in arrival order per process
 /// and concurrently across processes, and sends back (as futures of their
@@ -436,32 +445,33 @@ impl ForwardLanes {
         }
     }
 
-    /// Queues `forward` in its process's lane (starting the lane's task if
-    /// it has none); the `ForwardAck` refusing it when the lane is full.
-    fn take(&mut self, forward: v1::Forward) -> Option<Frame> {
+    /// Queues forward `seq` of `parcel` in its process's lane (starting the
+    /// lane's task if it has none); the `ForwardAck` refusing it when the
+    /// lane is full.
+    fn take(&mut self, seq: u64, parcel: Parcel) -> Option<Frame> {
         while self.tasks.try_join_next().is_some() {}
         let start_lane = {
             let mut lanes = lock(&self.lanes);
-            match lanes.get_mut(&forward.process_id) {
+            match lanes.get_mut(&parcel.process_id) {
                 Some(lane) if lane.len() >= LANE_LIMIT => {
                     return Some(Frame::of(Kind::ForwardAck(v1::ForwardAck {
-                        seq: forward.seq,
+                        seq,
                         result: ForwardResult::Failed as i32,
                         reason: format!(
                             "process `{}` has {LANE_LIMIT} forwards waiting here already",
-                            forward.process_id
+                            parcel.process_id
                         ),
                     })));
                 }
                 Some(lane) => {
-                    lane.push_back(forward);
+                    lane.push_back((seq, parcel));
                     None
                 }
                 None => {
-                    let process_id = forward.process_id.clone();
+                    let process_id = parcel.process_id.clone();
                     lanes.insert(
                         process_id.clone(),
-                        std::collections::VecDeque::from([forward]),
+                        std::collections::VecDeque::from([(seq, parcel)]),
                     );
                     Some(process_id)
                 }
@@ -488,7 +498,7 @@ async fn run_lane(
     answers: mpsc::UnboundedSender<BoxFuture<'static, Frame>>,
 ) {
     loop {
-        let forward = {
+        let (seq, parcel) = {
             let mut lanes = lock(&lanes);
             let next = lanes.get_mut(&process_id).and_then(|lane| lane.pop_front());
             match next {
@@ -499,23 +509,17 @@ async fn run_lane(
                 }
             }
         };
-        let answer = handed_to_gateway(&mesh, forward).await;
+        let answer = handed_to_gateway(&mesh, seq, parcel).await;
         if answers.send(answer).is_err() {
             return;
         }
     }
 }
 
-/// Hands one forward to the gateway (waiting while its process has no
+/// Hands forward `seq` to the gateway (waiting while its process has no
 /// room): the future of its `ForwardAck`.
-async fn handed_to_gateway(mesh: &Mesh, forward: v1::Forward) -> BoxFuture<'static, Frame> {
-    let seq = forward.seq;
-    let parcel = Arc::new(Parcel {
-        process_id: forward.process_id,
-        delivery_id: forward.delivery_id,
-        message: forward.message.unwrap_or_default(),
-    });
-    match mesh.gateway().deliver_parcel(parcel).await {
+async fn handed_to_gateway(mesh: &Mesh, seq: u64, parcel: Parcel) -> BoxFuture<'static, Frame> {
+    match mesh.gateway().deliver_parcel(Arc::new(parcel)).await {
         Ok(answer) => Box::pin(async move { forward_ack(seq, answer.await) }),
         Err(error) => {
             let result = match error {
