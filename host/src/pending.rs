@@ -1,7 +1,9 @@
 //! Answers awaited by sequence number: a frame goes out with a `seq`, the
 //! peer's answer comes back with the same `seq`, and whoever sent it waits on
-//! a oneshot. Shared by the gateway (deliveries awaiting Ack/Nack) and the
-//! mesh (forwards awaiting ForwardAck).
+//! a oneshot, or gets it some other way ([`Answer`]: e.g. a forward's
+//! answer goes straight back on the mesh link it came from). Shared by the
+//! gateway (deliveries awaiting Ack/Nack) and the mesh (forwards awaiting
+//! ForwardAck).
 //!
 //! Registering runs the caller's enqueue step under the lock, so an answer
 //! can never be looked up before its request is registered, and closing
@@ -11,9 +13,23 @@
 //! asker still waits.
 
 use std::collections::HashMap;
+use std::marker::PhantomData;
 use std::sync::{Mutex, MutexGuard};
 
 use tokio::sync::oneshot;
+
+/// Where a request's answer goes.
+pub trait Answer<T>: Send {
+    /// Hands over the answer.
+    fn answer(self, answer: T);
+}
+
+impl<T: Send> Answer<T> for oneshot::Sender<T> {
+    fn answer(self, answer: T) {
+        // The asker may have stopped waiting.
+        let _ = self.send(answer);
+    }
+}
 
 /// Why a request was not registered.
 #[derive(Debug, PartialEq, Eq)]
@@ -24,25 +40,29 @@ pub enum NotRegistered<E> {
     Refused(E),
 }
 
-/// Requests awaiting their answer, by sequence number; closed for good once
-/// the connection they went out on ends.
+/// Requests awaiting their answer (of type `T`, handed to an `A`), by
+/// sequence number; closed for good once the connection they went out on
+/// ends.
 #[derive(Debug)]
-pub struct PendingAnswers<T, H = ()> {
-    waiting: Mutex<Option<Waiting<T, H>>>,
+pub struct PendingAnswers<T, H = (), A = oneshot::Sender<T>> {
+    waiting: Mutex<Option<Waiting<A, H>>>,
+    answers: PhantomData<fn(T)>,
 }
 
-/// Each pending request's answer channel and what it holds, by seq.
-type Waiting<T, H> = HashMap<u64, (oneshot::Sender<T>, H)>;
+/// Each pending request's answer and what it holds, by seq (our own
+/// numbers: a fast hash will do).
+type Waiting<A, H> = HashMap<u64, (A, H), foldhash::fast::RandomState>;
 
-impl<T, H> Default for PendingAnswers<T, H> {
+impl<T, H, A> Default for PendingAnswers<T, H, A> {
     fn default() -> Self {
         PendingAnswers {
-            waiting: Mutex::new(Some(HashMap::new())),
+            waiting: Mutex::new(Some(HashMap::default())),
+            answers: PhantomData,
         }
     }
 }
 
-impl<T> PendingAnswers<T> {
+impl<T: Send> PendingAnswers<T> {
     /// Runs `enqueue` (given how many are pending now; it sends the request
     /// and returns its seq) and registers the request under that seq.
     pub fn register<E>(
@@ -53,7 +73,7 @@ impl<T> PendingAnswers<T> {
     }
 }
 
-impl<T, H> PendingAnswers<T, H> {
+impl<T: Send, H> PendingAnswers<T, H> {
     /// [`PendingAnswers::register`], the request holding `held` until it
     /// is answered, forgotten or closed.
     pub fn register_holding<E>(
@@ -61,14 +81,35 @@ impl<T, H> PendingAnswers<T, H> {
         held: H,
         enqueue: impl FnOnce(usize) -> Result<u64, E>,
     ) -> Result<oneshot::Receiver<T>, NotRegistered<E>> {
+        let (tx, rx) = oneshot::channel();
+        match self.register_answer(tx, held, enqueue) {
+            Ok(()) => Ok(rx),
+            Err((_, why)) => Err(why),
+        }
+    }
+}
+
+impl<T, H, A: Answer<T>> PendingAnswers<T, H, A> {
+    /// Runs `enqueue` (as [`PendingAnswers::register`]) and registers the
+    /// request, its answer to go to `answer`; when it is not registered,
+    /// `answer` comes back with the reason.
+    pub fn register_answer<E>(
+        &self,
+        answer: A,
+        held: H,
+        enqueue: impl FnOnce(usize) -> Result<u64, E>,
+    ) -> Result<(), (A, NotRegistered<E>)> {
         let mut waiting = self.lock();
         let Some(map) = waiting.as_mut() else {
-            return Err(NotRegistered::Closed);
+            return Err((answer, NotRegistered::Closed));
         };
-        let seq = enqueue(map.len()).map_err(NotRegistered::Refused)?;
-        let (tx, rx) = oneshot::channel();
-        map.insert(seq, (tx, held));
-        Ok(rx)
+        match enqueue(map.len()) {
+            Ok(seq) => {
+                map.insert(seq, (answer, held));
+                Ok(())
+            }
+            Err(refused) => Err((answer, NotRegistered::Refused(refused))),
+        }
     }
 
     /// Delivers the answer to request `seq`; false when no such request is
@@ -77,7 +118,7 @@ impl<T, H> PendingAnswers<T, H> {
         let sender = self.lock().as_mut().and_then(|map| map.remove(&seq));
         match sender {
             Some((sender, _held)) => {
-                let _ = sender.send(answer);
+                sender.answer(answer);
                 true
             }
             None => false,
@@ -98,7 +139,7 @@ impl<T, H> PendingAnswers<T, H> {
         let pending = self.lock().take();
         let mut count = 0;
         for (_, (sender, _held)) in pending.into_iter().flatten() {
-            let _ = sender.send(answer());
+            sender.answer(answer());
             count += 1;
         }
         count
@@ -114,7 +155,7 @@ impl<T, H> PendingAnswers<T, H> {
         self.len() == 0
     }
 
-    fn lock(&self) -> MutexGuard<'_, Option<Waiting<T, H>>> {
+    fn lock(&self) -> MutexGuard<'_, Option<Waiting<A, H>>> {
         self.waiting.lock().unwrap_or_else(|e| e.into_inner())
     }
 }

@@ -18,6 +18,7 @@
 
 pub mod auth;
 mod connection;
+pub mod reply;
 pub mod session;
 mod upstream_sends;
 
@@ -36,6 +37,7 @@ use tokio_util::task::TaskTracker;
 use wasmrelay_protocol::{Parcel, WireMessage, v1};
 
 pub use auth::ClientAuth;
+pub use reply::{OutcomeSink, Reply, SinkReply};
 pub use session::{DeliverError, DeliveryResult, Ending, NoRoom, Session};
 
 /// How the gateway treats connections.
@@ -453,6 +455,18 @@ impl Gateway {
             .session(&parcel.process_id)
             .ok_or_else(|| DeliverError::NotHere(parcel.process_id.clone()))?;
         Ok(session.deliver(parcel).await)
+    }
+
+    /// [`Gateway::deliver_parcel`], the outcome owed to `reply` (a refusal
+    /// too).
+    pub async fn deliver_parcel_reply(&self, parcel: Arc<Parcel>, reply: SinkReply) {
+        if let Err(unfit) = self.check_fits(&parcel.delivery_id, &parcel.message) {
+            return reply.send(Err(unfit));
+        }
+        match self.session(&parcel.process_id) {
+            Some(session) => session.deliver_reply(parcel, Reply::Sink(reply)).await,
+            None => reply.send(Err(DeliverError::NotHere(parcel.process_id.clone()))),
+        }
     }
 
     /// Whether `message` fits in a frame to a process (see

@@ -1,6 +1,7 @@
 //! One registered business process as the rest of the node sees it: a
 //! bounded queue of frames to its connection, and the deliveries it has not
-//! acknowledged yet, each waiting on a oneshot for its outcome.
+//! acknowledged yet, each owing its outcome to a oneshot or a sink
+//! ([`Reply`]).
 //!
 //! A process has at most `max_unacked` deliveries unanswered: the next one
 //! waits (back-pressure toward whoever delivers, in order) until the process
@@ -22,7 +23,8 @@ use tokio_util::sync::CancellationToken;
 use wasmrelay_protocol::v1::ErrorCode;
 use wasmrelay_protocol::{Frame, Parcel, ParcelFrame};
 
-use crate::pending::{NotRegistered, PendingAnswers};
+use super::reply::Reply;
+use crate::pending::{Answer as _, NotRegistered, PendingAnswers};
 
 /// How a delivery to a process ended.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -120,7 +122,7 @@ pub struct Session {
     /// them from the start, 6 KiB of every idle connection were frames in
     /// it unboxed).
     outbound: mpsc::Sender<Outbound>,
-    pending: PendingAnswers<DeliveryResult>,
+    pending: PendingAnswers<DeliveryResult, (), Reply>,
     next_seq: AtomicU64,
     max_unacked: usize,
     /// One permit per delivery that may be unanswered.
@@ -185,13 +187,13 @@ impl Session {
     /// Waits for room for one more delivery (taking it) while the process
     /// has `max_unacked` unanswered: after `slow_consumer_timeout` the
     /// session ends with `SLOW_CONSUMER`, and the delivery is lost.
-    async fn wait_for_room(&self) -> Result<(), oneshot::Receiver<DeliveryResult>> {
+    async fn wait_for_room(&self) -> Result<(), DeliveryResult> {
         match tokio::time::timeout(self.slow_consumer_timeout, self.capacity.acquire()).await {
             Ok(Ok(permit)) => {
                 permit.forget();
                 Ok(())
             }
-            Ok(Err(_)) => Err(lost(self.reason_closed())),
+            Ok(Err(_)) => Err(DeliveryResult::Lost(self.reason_closed())),
             Err(_) => {
                 self.close(
                     ErrorCode::SlowConsumer,
@@ -200,7 +202,7 @@ impl Session {
                         self.max_unacked, self.slow_consumer_timeout
                     ),
                 );
-                Err(lost("the process is too slow".to_string()))
+                Err(DeliveryResult::Lost("the process is too slow".to_string()))
             }
         }
     }
@@ -212,13 +214,26 @@ impl Session {
     /// the session ends with `SLOW_CONSUMER` and every pending delivery,
     /// this one included, resolves as lost.
     pub async fn deliver(&self, parcel: Arc<Parcel>) -> oneshot::Receiver<DeliveryResult> {
-        match self.try_deliver(parcel) {
-            Ok(answer) => answer,
+        let (waiter, answer) = oneshot::channel();
+        self.deliver_reply(parcel, Reply::Waiter(waiter)).await;
+        answer
+    }
+
+    /// [`Session::deliver`], the outcome owed to `reply`.
+    pub async fn deliver_reply(&self, parcel: Arc<Parcel>, reply: Reply) {
+        match self.capacity.try_acquire() {
+            Ok(permit) => {
+                permit.forget();
+                self.queue(parcel, reply);
+            }
+            Err(TryAcquireError::Closed) => {
+                reply.answer(DeliveryResult::Lost(self.reason_closed()));
+            }
             // Boxed: the wait (a timer) is the rare case, and the future of
             // every delivery would otherwise carry it.
-            Err(no_room) => match Box::pin(self.wait_for_room()).await {
-                Ok(()) => self.queue(no_room.parcel),
-                Err(lost) => lost,
+            Err(TryAcquireError::NoPermits) => match Box::pin(self.wait_for_room()).await {
+                Ok(()) => self.queue(parcel, reply),
+                Err(lost) => reply.answer(lost),
             },
         }
     }
@@ -233,16 +248,19 @@ impl Session {
         match self.capacity.try_acquire() {
             Ok(permit) => {
                 permit.forget();
-                Ok(self.queue(parcel))
+                let (waiter, answer) = oneshot::channel();
+                self.queue(parcel, Reply::Waiter(waiter));
+                Ok(answer)
             }
             Err(TryAcquireError::Closed) => Ok(lost(self.reason_closed())),
             Err(TryAcquireError::NoPermits) => Err(Box::new(NoRoom { parcel })),
         }
     }
 
-    /// Queues a delivery for which room was taken.
-    fn queue(&self, parcel: Arc<Parcel>) -> oneshot::Receiver<DeliveryResult> {
-        let registered = self.pending.register(|_| {
+    /// Queues a delivery for which room was taken, its outcome owed to
+    /// `reply`.
+    fn queue(&self, parcel: Arc<Parcel>, reply: Reply) {
+        let registered = self.pending.register_answer(reply, (), |_| {
             let seq = self.next_seq.fetch_add(1, Ordering::Relaxed);
             let frame = ParcelFrame::deliver(seq, parcel);
             match self.outbound.try_send(Outbound::Deliver(frame)) {
@@ -252,18 +270,18 @@ impl Session {
             }
         });
         match registered {
-            Ok(answer) => answer,
-            Err(NotRegistered::Refused(true)) => {
+            Ok(()) => {}
+            Err((reply, NotRegistered::Refused(true))) => {
                 self.capacity.add_permits(1);
                 self.close(
                     ErrorCode::SlowConsumer,
                     "the send queue is full: deliveries are not read fast enough".to_string(),
                 );
-                lost("the process is too slow".to_string())
+                reply.answer(DeliveryResult::Lost("the process is too slow".to_string()));
             }
-            Err(NotRegistered::Closed | NotRegistered::Refused(false)) => {
+            Err((reply, NotRegistered::Closed | NotRegistered::Refused(false))) => {
                 self.capacity.add_permits(1);
-                lost(self.reason_closed())
+                reply.answer(DeliveryResult::Lost(self.reason_closed()));
             }
         }
     }

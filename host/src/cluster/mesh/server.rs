@@ -18,11 +18,9 @@ use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 
 use bytes::Bytes;
-use futures::future::BoxFuture;
-use futures::stream::FuturesUnordered;
 use futures::{SinkExt as _, StreamExt as _};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::mpsc;
 use tokio::time::Instant;
 use tokio_util::codec::Framed;
 use tokio_util::sync::CancellationToken;
@@ -37,7 +35,7 @@ use wasmrelay_protocol::{
 use super::link::{NONCE_BYTES, code_name};
 use super::wire::{self, Conn};
 use super::{Mesh, bump, keepalive, now_ms};
-use crate::gateway::{DeliverError, DeliveryResult};
+use crate::gateway::{DeliverError, DeliveryResult, OutcomeSink, SinkReply};
 
 /// Remembers the nonces of accepted `MeshHello`s for as long as the hello
 /// could still pass the clock check, so a recorded hello cannot be replayed
@@ -181,10 +179,14 @@ async fn serve_link(
     // Forwards go to the gateway in arrival order per process, each
     // process's on a task of its own (its lane), which may wait for the
     // process's capacity without stopping this loop (pings, other answers);
-    // the answers come back here to be sent.
-    let (answers_tx, mut pending_answers) = mpsc::unbounded_channel::<BoxFuture<'static, Frame>>();
-    let mut lanes = ForwardLanes::new(mesh.clone(), answers_tx);
-    let mut answers: FuturesUnordered<BoxFuture<'static, Frame>> = FuturesUnordered::new();
+    // each answer goes to the writer as the process gives it (through this
+    // loop only when the writer's queue is full).
+    let (overflow_tx, mut overflow) = mpsc::unbounded_channel::<Outgoing>();
+    let answers = Arc::new(LinkAnswers {
+        queue: queue.clone(),
+        overflow: overflow_tx,
+    });
+    let mut lanes = ForwardLanes::new(mesh.clone(), answers);
     // The timer is moved only when it fires, to the last frame's time plus
     // the timeout: not on every frame (a reset takes the timer's lock).
     let idle_timeout = keepalive(&options) * 3;
@@ -198,11 +200,7 @@ async fn serve_link(
                 Some(Frame::error(ErrorCode::ShuttingDown, "the node is shutting down")),
             ),
             _ = closed.cancelled() => break ("writing to the peer failed".to_string(), None),
-            Some(answer) = pending_answers.recv() => {
-                answers.push(answer);
-                continue;
-            }
-            Some(ack) = answers.next(), if !answers.is_empty() => {
+            Some(ack) = overflow.recv() => {
                 if !enqueue(&queue, &closed, ack).await {
                     break ("writing to the peer failed".to_string(), None);
                 }
@@ -306,7 +304,7 @@ async fn serve_link(
             }
         };
         if let Some(reply) = reply
-            && !enqueue(&queue, &closed, reply).await
+            && !enqueue(&queue, &closed, Outgoing::Frame(reply)).await
         {
             break ("writing to the peer failed".to_string(), None);
         }
@@ -422,21 +420,43 @@ const LANE_LIMIT: usize = super::FORWARDS_WAITING_PER_PROCESS;
 /// The lanes of one link: the forwards waiting per process, in arrival
 /// order. A lane's task hands them to the gateway one after the other and
 /// ends, under the lock, once its lane is empty.
-type Lanes = Arc<Mutex<HashMap<String, std::collections::VecDeque<(u64, Parcel)>>>>;
+/// (The process ids are the authenticated peer's: a fast hash will do.)
+type Lanes = Arc<
+    Mutex<HashMap<String, std::collections::VecDeque<(u64, Parcel)>, foldhash::fast::RandomState>>,
+>;
+
+/// Where the outcomes of a link's forwards go: each as its `ForwardAck`,
+/// into the link writer's queue, or (when that is full) to the link's loop,
+/// which waits for room.
+#[derive(Debug)]
+struct LinkAnswers {
+    queue: mpsc::Sender<Outgoing>,
+    overflow: mpsc::UnboundedSender<Outgoing>,
+}
+
+impl OutcomeSink for LinkAnswers {
+    fn outcome(&self, seq: u64, outcome: Result<DeliveryResult, DeliverError>) {
+        let ack = Outgoing::Frame(forward_ack(seq, outcome));
+        if let Err(mpsc::error::TrySendError::Full(ack)) = self.queue.try_send(ack) {
+            // Gone only with the link: its dialer resolves the forwards
+            // it waits for as lost.
+            let _ = self.overflow.send(ack);
+        }
+    }
+}
 
 /// Hands a link's forwards to the gateway, in arrival order per process
-/// and concurrently across processes, and sends back (as futures of their
-/// `ForwardAck`s) where each answer will come from. Dropping it stops the
-/// lanes.
+/// and concurrently across processes; their outcomes go to the link's
+/// [`LinkAnswers`]. Dropping it stops the lanes.
 struct ForwardLanes {
     mesh: Arc<Mesh>,
     lanes: Lanes,
     tasks: tokio::task::JoinSet<()>,
-    answers: mpsc::UnboundedSender<BoxFuture<'static, Frame>>,
+    answers: Arc<LinkAnswers>,
 }
 
 impl ForwardLanes {
-    fn new(mesh: Arc<Mesh>, answers: mpsc::UnboundedSender<BoxFuture<'static, Frame>>) -> Self {
+    fn new(mesh: Arc<Mesh>, answers: Arc<LinkAnswers>) -> Self {
         ForwardLanes {
             mesh,
             lanes: Arc::default(),
@@ -491,12 +511,7 @@ impl ForwardLanes {
 
 /// Hands the forwards of `process_id`'s lane to the gateway in order until
 /// the lane is empty, then removes it.
-async fn run_lane(
-    mesh: Arc<Mesh>,
-    lanes: Lanes,
-    process_id: String,
-    answers: mpsc::UnboundedSender<BoxFuture<'static, Frame>>,
-) {
+async fn run_lane(mesh: Arc<Mesh>, lanes: Lanes, process_id: String, answers: Arc<LinkAnswers>) {
     loop {
         let (seq, parcel) = {
             let mut lanes = lock(&lanes);
@@ -509,32 +524,12 @@ async fn run_lane(
                 }
             }
         };
-        let answer = handed_to_gateway(&mesh, seq, parcel).await;
-        if answers.send(answer).is_err() {
-            return;
-        }
-    }
-}
-
-/// Hands forward `seq` to the gateway (waiting while its process has no
-/// room): the future of its `ForwardAck`.
-async fn handed_to_gateway(mesh: &Mesh, seq: u64, parcel: Parcel) -> BoxFuture<'static, Frame> {
-    match mesh.gateway().deliver_parcel(Arc::new(parcel)).await {
-        Ok(answer) => Box::pin(async move { forward_ack(seq, answer.await) }),
-        Err(error) => {
-            let result = match error {
-                DeliverError::NotHere(_) => ForwardResult::NotHere,
-                // The sender checks with its own limit first; a node with a
-                // smaller one refuses here.
-                DeliverError::TooLarge { .. } => ForwardResult::Failed,
-            };
-            let frame = Frame::of(Kind::ForwardAck(v1::ForwardAck {
-                seq,
-                result: result as i32,
-                reason: error.to_string(),
-            }));
-            Box::pin(async move { frame })
-        }
+        // Waits while the process has no room; its outcome goes to
+        // `answers` as forward `seq`'s `ForwardAck`.
+        let reply = SinkReply::new(answers.clone(), seq);
+        mesh.gateway()
+            .deliver_parcel_reply(Arc::new(parcel), reply)
+            .await;
     }
 }
 
@@ -542,9 +537,10 @@ fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     mutex.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-/// The `ForwardAck` for the process's answer to forward `seq`.
-fn forward_ack(seq: u64, answer: Result<DeliveryResult, oneshot::error::RecvError>) -> Frame {
-    let (result, reason) = match answer {
+/// The `ForwardAck` for the outcome of forward `seq`: the process's answer,
+/// or why the gateway did not take it.
+fn forward_ack(seq: u64, outcome: Result<DeliveryResult, DeliverError>) -> Frame {
+    let (result, reason) = match outcome {
         Ok(DeliveryResult::Acked) => (ForwardResult::Delivered, String::new()),
         Ok(DeliveryResult::Nacked(reason)) => (
             ForwardResult::Failed,
@@ -554,10 +550,10 @@ fn forward_ack(seq: u64, answer: Result<DeliveryResult, oneshot::error::RecvErro
             ForwardResult::Failed,
             format!("the process's connection ended before it answered: {reason}"),
         ),
-        Err(_) => (
-            ForwardResult::Failed,
-            "the process's connection ended before it answered".to_string(),
-        ),
+        Err(error @ DeliverError::NotHere(_)) => (ForwardResult::NotHere, error.to_string()),
+        // The sender checks with its own limit first; a node with a smaller
+        // one refuses here.
+        Err(error @ DeliverError::TooLarge { .. }) => (ForwardResult::Failed, error.to_string()),
     };
     Frame::of(Kind::ForwardAck(v1::ForwardAck {
         seq,
@@ -567,9 +563,13 @@ fn forward_ack(seq: u64, answer: Result<DeliveryResult, oneshot::error::RecvErro
 }
 
 /// Queues a frame to the peer; false when the link is closing.
-async fn enqueue(queue: &mpsc::Sender<Outgoing>, closed: &CancellationToken, frame: Frame) -> bool {
+async fn enqueue(
+    queue: &mpsc::Sender<Outgoing>,
+    closed: &CancellationToken,
+    frame: Outgoing,
+) -> bool {
     tokio::select! {
         _ = closed.cancelled() => false,
-        sent = queue.send(Outgoing::Frame(frame)) => sent.is_ok(),
+        sent = queue.send(frame) => sent.is_ok(),
     }
 }
