@@ -30,7 +30,7 @@ pub use codec::{CodecError, FrameCodec};
 pub use parcel::{Outgoing, Parcel, ParcelFrame};
 pub use v1::Frame;
 pub use v1::frame::Kind;
-pub use wire_message::{EncodedMessage, WireMessage};
+pub use wire_message::{EncodedMessage, MessageParts, WireMessage};
 
 /// The protocol version this crate speaks (in `Hello` and `MeshHello`).
 pub const PROTOCOL_VERSION: u32 = 1;

@@ -31,7 +31,7 @@ use futures::future::BoxFuture;
 use tokio::sync::oneshot;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
-use wasmrelay_protocol::{Backoff, Parcel, WireMessage, v1};
+use wasmrelay_protocol::{Backoff, MessageParts, Parcel, WireMessage, v1};
 
 use super::delivery_lines::{DeliveryLines, Place};
 use super::mesh::{ForwardOutcome, Forwarded, LookupFound};
@@ -295,9 +295,19 @@ impl ClusterDelivery {
         // Every attempt shares it: handing it over costs a reference count.
         let parcel = Arc::new(Parcel {
             delivery_id: input.delivery_id(),
-            message: WireMessage::new(to_wire(input, message)),
+            message: WireMessage::encode(MessageParts {
+                key: message.key.as_deref(),
+                value: message.value.as_deref().unwrap_or_default(),
+                headers: &message.headers,
+                topic: &input.topic,
+                partition: input.partition,
+                offset: input.offset,
+                timestamp_ms: input.timestamp_ms.unwrap_or(-1),
+            }),
             process_id,
         });
+        // Encoded: its parts are freed here, on the thread that made them.
+        drop(message);
         // A message that can never fit a frame to a process is not tried.
         if let Err(unfit) = self
             .gateway
@@ -530,7 +540,9 @@ impl ClusterDelivery {
     }
 }
 
-/// The wire form of a message (its origin from `input`).
+/// The wire form of a message (its origin from `input`), decoded. A
+/// delivery encodes its message at once instead ([`WireMessage::encode`],
+/// the same bytes).
 pub fn to_wire(input: &InputRecord, message: OutputRecord) -> v1::Message {
     v1::Message {
         key: message.key.map(Bytes::from),
