@@ -78,7 +78,15 @@ impl ParcelFrame {
             crate::Kind::Deliver(v1::Deliver {
                 seq: self.seq,
                 delivery_id: parcel.delivery_id.clone(),
-                message: Some(parcel.message.decoded().into_owned()),
+                // Tests and logs: an encoding that does not decode shows
+                // as an empty message.
+                message: Some(
+                    parcel
+                        .message
+                        .decoded()
+                        .map(std::borrow::Cow::into_owned)
+                        .unwrap_or_default(),
+                ),
             })
         })
     }

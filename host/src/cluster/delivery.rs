@@ -578,7 +578,19 @@ impl Ended {
             Ended::Aborted => DeliveryEnd::Aborted,
             Ended::GaveUp(reason) => DeliveryEnd::GaveUp {
                 reason,
-                call: from_wire(&parcel.message.decoded(), tombstone),
+                call: match parcel.message.decoded() {
+                    Ok(message) => from_wire(&message, tombstone),
+                    // Never expected (the delivery encoded it): the encoding
+                    // itself is dead-lettered, rather than nothing.
+                    Err(error) => {
+                        tracing::error!(process = %parcel.process_id, delivery_id = %parcel.delivery_id, %error, "a delivery's own message does not decode; dead-lettering its encoding");
+                        OutputRecord {
+                            key: None,
+                            value: Some(parcel.message.to_bytes().to_vec()),
+                            headers: Vec::new(),
+                        }
+                    }
+                },
             },
         }
     }
