@@ -176,7 +176,7 @@ async fn connect_process(node: &Node, process_id: &str) {
 
 fn input(offset: i64) -> InputRecord {
     InputRecord {
-        topic: "bench-input".to_string(),
+        topic: "bench-input".into(),
         partition: (offset % PARTITIONS) as i32,
         offset,
         key: None,

@@ -127,7 +127,7 @@ fn fields(record: &[u8]) -> (Flags, Vec<&[u8]>) {
 
 fn input_record(topic: &str, offset: i64, key: &[u8], value: Option<Vec<u8>>) -> InputRecord {
     InputRecord {
-        topic: topic.to_string(),
+        topic: topic.into(),
         partition: 0,
         offset,
         key: Some(key.to_vec()),

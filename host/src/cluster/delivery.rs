@@ -555,7 +555,7 @@ pub fn to_wire(input: &InputRecord, message: OutputRecord) -> v1::Message {
                 value: Bytes::from(value),
             })
             .collect(),
-        topic: input.topic.clone(),
+        topic: input.topic.to_string(),
         partition: input.partition,
         offset: input.offset,
         timestamp_ms: input.timestamp_ms.unwrap_or(-1),

@@ -144,7 +144,7 @@ impl DeliveryLines {
 
     /// The line of a delivery of `input` to `process_id`.
     fn line_of(&self, process_id: &str, input: &InputRecord) -> Option<u64> {
-        let partition = (process_id, input.topic.as_str(), input.partition);
+        let partition = (process_id, &*input.topic, input.partition);
         match self.order {
             DeliveryOrder::None => None,
             DeliveryOrder::Partition => Some(self.hasher.hash_one(partition)),
@@ -337,7 +337,7 @@ mod tests {
 
     fn input(partition: i32, key: &str) -> InputRecord {
         InputRecord {
-            topic: "business".to_string(),
+            topic: "business".into(),
             partition,
             offset: 0,
             key: Some(key.as_bytes().to_vec()),

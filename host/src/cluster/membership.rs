@@ -707,7 +707,7 @@ mod tests {
         let value = serde_json::to_vec(beat).unwrap();
         let mac = heartbeat_mac(key, beat.node_id.as_bytes(), &value);
         InputRecord {
-            topic: "heartbeats".to_string(),
+            topic: "heartbeats".into(),
             partition: 0,
             offset: 0,
             key: Some(beat.node_id.as_bytes().to_vec()),

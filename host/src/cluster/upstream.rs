@@ -67,7 +67,7 @@ impl Upstream for FlowUpstream {
         }
         // What the data-return plugins see as the message's origin.
         let origin = InputRecord {
-            topic: String::new(),
+            topic: "".into(),
             partition: -1,
             offset: -1,
             key: record.key.clone(),

@@ -238,7 +238,7 @@ pub(crate) fn to_plugin_message(input: &InputRecord, message: OutputRecord) -> M
             .into_iter()
             .map(|(name, value)| Header { name, value })
             .collect(),
-        topic: input.topic.clone(),
+        topic: input.topic.to_string(),
         partition: input.partition,
         offset: input.offset,
         timestamp_ms: input.timestamp_ms,

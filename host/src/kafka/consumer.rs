@@ -19,7 +19,8 @@ use std::time::{Duration, Instant};
 use anyhow::Context as _;
 use futures::future::BoxFuture;
 use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer as _, ConsumerContext, Rebalance};
-use rdkafka::error::KafkaResult;
+use rdkafka::error::{KafkaError, KafkaResult};
+use rdkafka::message::BorrowedMessage;
 use rdkafka::{ClientContext, Offset, TopicPartitionList};
 use tokio::sync::{Semaphore, mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
@@ -136,6 +137,10 @@ const FULL_LANE_WAIT: Duration = Duration::from_millis(200);
 /// How often it looks while it waits.
 const FULL_LANE_POLL: Duration = Duration::from_millis(1);
 
+/// Most records taken from librdkafka in one turn of the poll loop (those
+/// it has ready; it is not waited for beyond the first).
+const POLL_BATCH: usize = 64;
+
 /// The default of `flows.max_in_flight`.
 pub const DEFAULT_MAX_IN_FLIGHT: usize = 64;
 
@@ -198,7 +203,7 @@ struct Lane {
 }
 
 struct Shared {
-    topic: String,
+    topic: Arc<str>,
     handler: Arc<dyn MessageHandler>,
     options: ConsumerOptions,
     /// Records of the flow whose ordered part runs now (`max_in_flight`).
@@ -246,7 +251,7 @@ impl ConsumerContext for RelayConsumerContext {
             let partitions: Vec<i32> = tpl
                 .elements()
                 .iter()
-                .filter(|e| e.topic() == self.shared.topic)
+                .filter(|e| e.topic() == &*self.shared.topic)
                 .map(|e| e.partition())
                 .collect();
             tracing::info!(topic = %self.shared.topic, ?partitions, "partitions revoked; draining them");
@@ -309,7 +314,7 @@ impl PartitionedConsumer {
             })
         });
         let shared = Arc::new(Shared {
-            topic: topic.to_string(),
+            topic: topic.into(),
             handler,
             in_flight: Arc::new(Semaphore::new(options.max_in_flight.max(1))),
             runtime: tokio::runtime::Handle::try_current()
@@ -410,29 +415,23 @@ impl Shared {
             }
             match consumer.poll(Duration::from_millis(50)) {
                 Some(Ok(message)) => {
-                    let record = InputRecord::from_borrowed(&message);
-                    drop(message);
-                    if gated || self.gate_closed() {
-                        // Fetched before the pause took effect: held (and
-                        // its partition paused) until the gate opens.
-                        pause(consumer, &self.topic, record.partition, true);
-                        // (So that the partition is resumed with the rest.)
-                        gated = true;
-                        if let Ok(mut held) = self.held.lock() {
-                            held.push(record);
+                    self.take(consumer, message, &mut gated);
+                    // Then what librdkafka has ready now, up to a batch:
+                    // the bookkeeping after the loop (finished offsets,
+                    // rejoining, resuming lanes) is done once a batch, not
+                    // once a record.
+                    for _ in 1..POLL_BATCH {
+                        match consumer.poll(Duration::ZERO) {
+                            Some(Ok(message)) => self.take(consumer, message, &mut gated),
+                            Some(Err(error)) => {
+                                self.poll_failed(&error, &mut last_error);
+                                break;
+                            }
+                            None => break,
                         }
-                    } else {
-                        self.dispatch(consumer, record);
                     }
                 }
-                // Broker hiccups surface here; librdkafka retries on its own.
-                Some(Err(error))
-                    if last_error.is_none_or(|at| at.elapsed() > Duration::from_secs(5)) =>
-                {
-                    tracing::warn!(topic = %self.topic, %error, "consuming");
-                    last_error = Some(Instant::now());
-                }
-                Some(Err(_)) => {}
+                Some(Err(error)) => self.poll_failed(&error, &mut last_error),
                 None => {}
             }
             self.apply_finished(consumer);
@@ -442,6 +441,40 @@ impl Shared {
             }
         }
         self.shut_down(consumer)
+    }
+
+    /// A polled message: dispatched to its lane, or held (its partition
+    /// paused) while the gate is closed.
+    fn take(
+        self: &Arc<Self>,
+        consumer: &RelayBaseConsumer,
+        message: BorrowedMessage<'_>,
+        gated: &mut bool,
+    ) {
+        let record = InputRecord::from_borrowed(&message, &self.topic);
+        // librdkafka's buffer goes back before any wait for a full lane.
+        drop(message);
+        if *gated || self.gate_closed() {
+            // Fetched before the pause took effect: held (and its
+            // partition paused) until the gate opens.
+            pause(consumer, &self.topic, record.partition, true);
+            // (So that the partition is resumed with the rest.)
+            *gated = true;
+            if let Ok(mut held) = self.held.lock() {
+                held.push(record);
+            }
+        } else {
+            self.dispatch(consumer, record);
+        }
+    }
+
+    /// A poll's error: broker hiccups surface here, and librdkafka retries
+    /// on its own; logged at most every 5 s.
+    fn poll_failed(&self, error: &KafkaError, last_error: &mut Option<Instant>) {
+        if last_error.is_none_or(|at| at.elapsed() > Duration::from_secs(5)) {
+            tracing::warn!(topic = %self.topic, %error, "consuming");
+            *last_error = Some(Instant::now());
+        }
     }
 
     /// Rejoins the group when a lost peer's session must have ended.
@@ -467,7 +500,7 @@ impl Shared {
             // As a new member: a known member's JoinGroup may be answered
             // with the generation it is in (tansu does), dead member and all.
             consumer.unsubscribe();
-            if let Err(error) = consumer.subscribe(&[self.topic.as_str()]) {
+            if let Err(error) = consumer.subscribe(&[&*self.topic]) {
                 tracing::warn!(topic = %self.topic, %error, "rejoining the consumer group");
             }
         }
@@ -499,7 +532,7 @@ impl Shared {
             })
             .unwrap_or_default();
         for element in assignment.elements() {
-            if element.topic() != self.topic
+            if element.topic() != &*self.topic
                 || (!paused && held_back.contains(&element.partition()))
             {
                 continue;

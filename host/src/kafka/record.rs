@@ -3,14 +3,16 @@
 //! from librdkafka's buffer or an [`InputRecord`]) and [`OutputRecord`] (to
 //! be produced).
 
+use std::sync::Arc;
+
 use rdkafka::Message as _;
 use rdkafka::message::{BorrowedHeaders, BorrowedMessage, Header, Headers as _, OwnedHeaders};
 
 /// A consumed record, detached from the consumer.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct InputRecord {
-    /// Topic it was consumed from.
-    pub topic: String,
+    /// Topic it was consumed from (shared by the records of a consumer).
+    pub topic: Arc<str>,
     /// Partition.
     pub partition: i32,
     /// Offset in the partition.
@@ -38,10 +40,11 @@ impl InputRecord {
                 .sum::<usize>()
     }
 
-    /// Copies a consumed message.
-    pub fn from_borrowed(msg: &BorrowedMessage<'_>) -> Self {
+    /// Copies a consumed message of `topic` (its topic, shared).
+    pub fn from_borrowed(msg: &BorrowedMessage<'_>, topic: &Arc<str>) -> Self {
+        debug_assert_eq!(msg.topic(), &**topic, "a message of another topic");
         InputRecord {
-            topic: msg.topic().to_string(),
+            topic: topic.clone(),
             partition: msg.partition(),
             offset: msg.offset(),
             key: msg.key().map(<[u8]>::to_vec),
@@ -207,7 +210,7 @@ mod tests {
     #[test]
     fn the_delivery_id_is_topic_partition_offset() {
         let record = |topic: &str, partition, offset| InputRecord {
-            topic: topic.to_string(),
+            topic: topic.into(),
             partition,
             offset,
             key: None,

@@ -396,6 +396,8 @@ fn poll_loop(
     let mut stats = ReadStats::default();
     // What a poll for more records of a batch got instead, handled next.
     let mut carried = None;
+    // Shared by the records sent on.
+    let shared_topic: Arc<str> = topic.into();
     while !stop.load(Ordering::SeqCst) {
         let polled = match carried.take() {
             Some(polled) => Some(polled),
@@ -422,7 +424,7 @@ fn poll_loop(
                     TailSink::Send => {
                         stats.records += 1;
                         missed.extend(gaps.record(message.partition(), message.offset()));
-                        let record = InputRecord::from_borrowed(&message);
+                        let record = InputRecord::from_borrowed(&message, &shared_topic);
                         // librdkafka's buffer goes back before the wait.
                         drop(message);
                         if events.blocking_send(TailEvent::Record(record)).is_err() {

@@ -1505,7 +1505,7 @@ fn delivery_policy() -> wasmrelay::cluster::DeliveryPolicy {
 
 fn input(offset: i64) -> wasmrelay::kafka::InputRecord {
     wasmrelay::kafka::InputRecord {
-        topic: "business".to_string(),
+        topic: "business".into(),
         partition: 0,
         offset,
         key: None,
