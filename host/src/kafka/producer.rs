@@ -154,4 +154,48 @@ mod tests {
             "rdkafka-sys must come from vendor/ (a path), not a registry: {entry}"
         );
     }
+
+    /// CPU time of the calling thread so far, in clock ticks (10 ms).
+    fn thread_cpu_ticks() -> u64 {
+        let stat = std::fs::read_to_string("/proc/thread-self/stat").expect("the thread's stat");
+        // After the command name (in parentheses): state is field 3, utime
+        // and stime are fields 14 and 15.
+        let fields: Vec<&str> = stat[stat.rfind(')').expect("comm") + 2..]
+            .split(' ')
+            .collect();
+        fields[11].parse::<u64>().expect("utime") + fields[12].parse::<u64>().expect("stime")
+    }
+
+    /// The relay builds rdkafka from `vendor/rdkafka`, patched so that a
+    /// poll's wait of a fraction of a millisecond is asked of librdkafka
+    /// rounded up, not down to no wait at all (vendor/README.md). rdkafka's
+    /// polling loops (the producer's polling thread, the consumer's poll)
+    /// ask again until their deadline passes: rounded down, every poll
+    /// ended by spinning on a core for its last fraction of a millisecond.
+    /// Here polls of 1.5 ms each would spin a third of the time (about
+    /// 20 ticks in 600 ms); waiting, they take next to nothing.
+    #[test]
+    fn a_poll_waits_out_its_last_fraction_of_a_millisecond() {
+        use rdkafka::config::ClientConfig;
+        use rdkafka::producer::{BaseProducer, Producer as _};
+        // Nothing listens there: the producer has nothing to do.
+        let producer: BaseProducer = ClientConfig::new()
+            .set("bootstrap.servers", "127.0.0.1:9")
+            .set("log_level", "0")
+            .create()
+            .expect("a producer");
+        let before = thread_cpu_ticks();
+        let started = std::time::Instant::now();
+        let mut polls = 0;
+        while started.elapsed() < std::time::Duration::from_millis(600) {
+            producer.poll(std::time::Duration::from_micros(1_500));
+            polls += 1;
+        }
+        let spent = thread_cpu_ticks() - before;
+        assert!(
+            spent < 8,
+            "{polls} polls of 1.5 ms took {spent} ticks of CPU in 600 ms: rdkafka spins instead of waiting"
+        );
+        assert_eq!(producer.in_flight_count(), 0);
+    }
 }
