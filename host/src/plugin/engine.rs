@@ -3,13 +3,17 @@
 //!
 //! Owns: engine configuration (component model, epoch interruption, pooling
 //! allocator with an on-demand fallback), the epoch ticker thread that makes
-//! call deadlines work, the limits every instance runs under, and the linker
+//! call deadlines work (it ticks only while a plugin version is loaded: an
+//! idle relay without plugins does not wake every tick), the limits every
+//! instance runs under, and the linker
 //! (the `host` interface plus WASI p2 with a context that grants nothing).
 //! A leaf of the plugin module: it knows nothing of versions. Loading a
 //! plugin version is in [`super::version`] (which adds
 //! `PluginRuntime::load_file`); swapping versions is in [`super::registry`].
 
-use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, OnceLock};
+use std::thread::Thread;
 use std::time::Duration;
 
 use wasmtime::component::{HasSelf, Linker};
@@ -77,6 +81,56 @@ pub(crate) struct RuntimeInner {
     pub(crate) linker: Linker<HostState>,
     pub(crate) limits: PluginLimits,
     pub(crate) pooling: bool,
+    pub(crate) ticker: Arc<EpochTicker>,
+}
+
+/// Whether the epoch ticker must tick: it does while anything holds it (a
+/// loaded plugin version, whose calls have deadlines), and sleeps
+/// otherwise.
+#[derive(Debug, Default)]
+pub(crate) struct EpochTicker {
+    holds: AtomicUsize,
+    thread: OnceLock<Thread>,
+    /// Ticks so far.
+    ticks: AtomicU64,
+}
+
+impl EpochTicker {
+    /// Keeps the ticker ticking until the returned hold is dropped. Taken
+    /// before a version's first instance runs, so every call has ticks.
+    pub(crate) fn hold(self: &Arc<Self>) -> TickerHold {
+        if self.holds.fetch_add(1, Ordering::SeqCst) == 0
+            && let Some(thread) = self.thread.get()
+        {
+            thread.unpark();
+        }
+        TickerHold {
+            ticker: self.clone(),
+        }
+    }
+
+    /// How many times the epoch has advanced.
+    #[cfg(test)]
+    pub(crate) fn ticks(&self) -> u64 {
+        self.ticks.load(Ordering::Relaxed)
+    }
+
+    /// Whether anything holds the ticker now.
+    pub(crate) fn held(&self) -> bool {
+        self.holds.load(Ordering::SeqCst) > 0
+    }
+}
+
+/// Keeps the epoch ticker ticking while alive (see [`EpochTicker::hold`]).
+#[derive(Debug)]
+pub(crate) struct TickerHold {
+    ticker: Arc<EpochTicker>,
+}
+
+impl Drop for TickerHold {
+    fn drop(&mut self) {
+        self.ticker.holds.fetch_sub(1, Ordering::SeqCst);
+    }
 }
 
 impl std::fmt::Debug for PluginRuntime {
@@ -104,7 +158,8 @@ impl PluginRuntime {
                 (engine, false)
             }
         };
-        spawn_epoch_ticker(&engine);
+        let ticker = Arc::new(EpochTicker::default());
+        spawn_epoch_ticker(&engine, &ticker);
         // A sleep ends a little after the deadline, so that the guest's
         // next instructions find it passed: the call ends as a timeout.
         let linker = build_linker(&engine, limits.call_deadline + 3 * EPOCH_TICK)
@@ -115,6 +170,7 @@ impl PluginRuntime {
                 linker,
                 limits,
                 pooling,
+                ticker,
             }),
         })
     }
@@ -159,23 +215,40 @@ fn engine_config(limits: &PluginLimits, pooling: bool) -> Config {
     config
 }
 
-/// Advances the epoch every [`EPOCH_TICK`] until the engine is dropped.
-fn spawn_epoch_ticker(engine: &Engine) {
+/// Advances the epoch every [`EPOCH_TICK`] while `ticker` is held, and
+/// sleeps while it is not, until the engine is dropped.
+fn spawn_epoch_ticker(engine: &Engine, ticker: &Arc<EpochTicker>) {
     let weak = engine.weak();
+    let gate = ticker.clone();
     let spawned = std::thread::Builder::new()
         .name("wasm-epoch-ticker".into())
         .spawn(move || {
             loop {
-                std::thread::sleep(EPOCH_TICK);
+                if gate.held() {
+                    std::thread::sleep(EPOCH_TICK);
+                } else {
+                    // Woken by the first hold; the timeout only notices
+                    // the engine dropped meanwhile.
+                    std::thread::park_timeout(Duration::from_secs(1));
+                    continue;
+                }
                 match weak.upgrade() {
-                    Some(engine) => engine.increment_epoch(),
+                    Some(engine) => {
+                        engine.increment_epoch();
+                        gate.ticks.fetch_add(1, Ordering::Relaxed);
+                    }
                     None => break,
                 }
             }
         });
-    if let Err(error) = spawned {
+    match spawned {
+        Ok(handle) => {
+            let _ = ticker.thread.set(handle.thread().clone());
+        }
         // Without the ticker deadlines never fire; that must not go unnoticed.
-        tracing::error!(%error, "could not start the epoch ticker; plugin deadlines will not be enforced");
+        Err(error) => {
+            tracing::error!(%error, "could not start the epoch ticker; plugin deadlines will not be enforced");
+        }
     }
 }
 
@@ -192,4 +265,49 @@ fn build_linker(engine: &Engine, longest_sleep: Duration) -> wasmtime::Result<Li
         |state| state,
     )?;
     Ok(linker)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Sleeps until `ticker` has ticked `at_least` times more than
+    /// `since`, or 5 s pass; the ticks then.
+    fn ticks_after(ticker: &EpochTicker, since: u64, at_least: u64) -> u64 {
+        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        while ticker.ticks() < since + at_least && std::time::Instant::now() < deadline {
+            std::thread::sleep(EPOCH_TICK);
+        }
+        ticker.ticks()
+    }
+
+    /// The ticker sleeps while no version holds it (an idle relay without
+    /// plugins does not wake 200 times a second), ticks once one does, and
+    /// stops again when the last hold goes.
+    #[test]
+    fn the_epoch_ticker_ticks_only_while_held() {
+        let runtime = PluginRuntime::new(PluginLimits::default()).expect("a runtime");
+        let ticker = runtime.inner.ticker.clone();
+        std::thread::sleep(20 * EPOCH_TICK);
+        assert_eq!(ticker.ticks(), 0, "ticked with nothing loaded");
+
+        let hold = ticker.hold();
+        let second = ticker.hold();
+        let ticked = ticks_after(&ticker, 0, 5);
+        assert!(ticked >= 5, "held, it ticked {ticked} times in 5 s");
+        drop(hold);
+        let ticked = ticks_after(&ticker, ticked, 3);
+        assert!(ticked >= 8, "still held once, it stopped at {ticked}");
+
+        drop(second);
+        // At most the tick under way when the last hold went.
+        std::thread::sleep(2 * EPOCH_TICK);
+        let stopped = ticker.ticks();
+        std::thread::sleep(20 * EPOCH_TICK);
+        assert!(
+            ticker.ticks() <= stopped + 1,
+            "ticked on without a hold: {stopped} then {}",
+            ticker.ticks()
+        );
+    }
 }

@@ -19,7 +19,7 @@ use wasmtime::component::Component;
 use super::bindings::processor::{Processor, ProcessorPre};
 use super::bindings::router::{Router, RouterPre};
 use super::bindings::{Message, NodeLoad, Outcome};
-use super::engine::{EPOCH_TICK, PluginRuntime};
+use super::engine::{EPOCH_TICK, PluginRuntime, TickerHold};
 use super::error::{PluginError, VersionLabel, World};
 use super::state::{HostState, InstanceIdentity, PluginConfig};
 
@@ -81,6 +81,9 @@ pub struct PluginVersion {
     calls: AtomicU64,
     errors: AtomicU64,
     instances_created: AtomicU64,
+    /// Keeps the epoch ticker ticking while the version lives: its calls
+    /// have deadlines.
+    _ticking: TickerHold,
 }
 
 impl std::fmt::Debug for PluginVersion {
@@ -191,6 +194,7 @@ impl PluginVersion {
             WorldPre::Router(_) => World::Router,
         };
 
+        let ticking = runtime.inner.ticker.hold();
         let deadline = runtime.inner.limits.call_deadline;
         // Round up to whole ticks, plus one: the first tick can come at any
         // moment after the deadline is set.
@@ -216,6 +220,7 @@ impl PluginVersion {
             calls: AtomicU64::new(0),
             errors: AtomicU64::new(0),
             instances_created: AtomicU64::new(0),
+            _ticking: ticking,
         };
         // Instantiate once now, so that a version that cannot even start
         // (a trapping start function, an exhausted pool) never gets swapped in.
