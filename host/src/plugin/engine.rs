@@ -227,9 +227,12 @@ fn spawn_epoch_ticker(engine: &Engine, ticker: &Arc<EpochTicker>) {
                 if gate.held() {
                     std::thread::sleep(EPOCH_TICK);
                 } else {
-                    // Woken by the first hold; the timeout only notices
-                    // the engine dropped meanwhile.
+                    // Woken by the first hold; the timeout is for noticing
+                    // that the engine was dropped meanwhile.
                     std::thread::park_timeout(Duration::from_secs(1));
+                    if weak.upgrade().is_none() {
+                        break;
+                    }
                     continue;
                 }
                 match weak.upgrade() {
@@ -308,6 +311,19 @@ mod tests {
             ticker.ticks() <= stopped + 1,
             "ticked on without a hold: {stopped} then {}",
             ticker.ticks()
+        );
+
+        // The runtime (and its engine) dropped, the sleeping ticker's thread
+        // ends within its park timeout, and lets go of its ticker.
+        drop(runtime);
+        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        while Arc::strong_count(&ticker) > 1 && std::time::Instant::now() < deadline {
+            std::thread::sleep(EPOCH_TICK);
+        }
+        assert_eq!(
+            Arc::strong_count(&ticker),
+            1,
+            "the ticker's thread outlived its engine"
         );
     }
 }
