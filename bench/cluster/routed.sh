@@ -9,6 +9,10 @@
 # Environment (defaults in brackets): SIZES ["256 4096"], TPUT_COUNT
 # [100000] messages per wasmrelay throughput run, NATS_TPUT_COUNT [200000],
 # LAT_RATE [1000] messages/s and LAT_SECONDS [10] per latency run,
+# LAT_BATCH [1] records per producer batch of a latency run (1: one record
+# per request, which tansu serves at only 2-3k messages/s; more lets a
+# paced run reach tens of thousands a second, for CPU per message at a
+# fixed rate, at the cost of the producer's 20 ms linger in the latency),
 # PARTITIONS [12] of each input topic, MAX_UNACKED [node default] (sets
 # max_unacked and send_queue of both nodes), TLS [0] (1: each wasmrelay
 # run is followed by the same run on a second cluster with TLS on the
@@ -27,6 +31,7 @@ TPUT_COUNT=${TPUT_COUNT:-100000}
 NATS_TPUT_COUNT=${NATS_TPUT_COUNT:-200000}
 LAT_RATE=${LAT_RATE:-1000}
 LAT_SECONDS=${LAT_SECONDS:-10}
+LAT_BATCH=${LAT_BATCH:-1}
 PARTITIONS=${PARTITIONS:-12}
 TLS=${TLS:-0}
 LAT_COUNT=$((LAT_RATE * LAT_SECONDS))
@@ -154,7 +159,7 @@ relay_run() {
     TIMEOUT=30 wait_until "node A reaching $process" path_up "$process" "$where" "$a" "$b"
     log "$where $size B: $LAT_RATE messages/s for $LAT_SECONDS s"
     "$TOOL" produce --bootstrap "$BOOTSTRAP" --topic "$topic" --count "$count" --size "$size" \
-      --process-id "$process" --rate "$LAT_RATE" >"$out.produce"
+      --process-id "$process" --rate "$LAT_RATE" --batch "$LAT_BATCH" >"$out.produce"
   fi
   if ! wait "$receiver"; then
     tail -5 "$out.err" >&2
@@ -238,7 +243,7 @@ done
 echo
 describe_run
 echo "settings: max_unacked = send_queue = ${MAX_UNACKED:-default}; throughput $TPUT_COUNT messages (wasmrelay, topic filled first, $PARTITIONS partitions) / $NATS_TPUT_COUNT (NATS, window 10000);"
-echo "          latency $LAT_RATE messages/s for $LAT_SECONDS s, first second left out"
+echo "          latency $LAT_RATE messages/s for $LAT_SECONDS s, first second left out; wasmrelay producer batches of $LAT_BATCH"
 if [[ $TLS == 1 ]]; then
   echo "          TLS: client listener TLS and mesh mutual TLS (rustls, ECDSA P-256 certificates); Kafka plaintext"
 fi

@@ -42,6 +42,11 @@
 //! properties to every client of both runs (the plain loop's, the relay's
 //! link, the latency readers and producer), e.g. `socket.nagle.disable=true`.
 //!
+//! `RELAY_BENCH_RELAY_ENV="NAME=value NAME=value"` sets environment
+//! variables of the relay processes only (not of the plain loop, which runs
+//! in this process), e.g. `MALLOC_ARENA_MAX=8` to try another allocator
+//! setting on the relay alone.
+//!
 //! For sweeps (`bench/throughput-sweep.sh` runs this once per point and
 //! plots the curves):
 //! - `RELAY_BENCH_PARTITIONS` (3): partitions of every topic of the run.
@@ -204,6 +209,27 @@ fn link(broker: &Broker) -> LinkInfo {
 /// when it is too slow, and kept in its directory while it runs.
 fn relay_log() -> String {
     std::env::var("RELAY_BENCH_RELAY_LOG").unwrap_or_else(|_| "warn,wasmrelay::node=info".into())
+}
+
+/// The relays' environment: `RUST_LOG` ([`relay_log`]) and what
+/// `RELAY_BENCH_RELAY_ENV` sets (`NAME=value`, separated by spaces).
+fn relay_env() -> Vec<(String, String)> {
+    let mut env = vec![("RUST_LOG".to_string(), relay_log())];
+    for pair in std::env::var("RELAY_BENCH_RELAY_ENV")
+        .unwrap_or_default()
+        .split_whitespace()
+    {
+        let (name, value) = pair
+            .split_once('=')
+            .unwrap_or_else(|| panic!("RELAY_BENCH_RELAY_ENV: {pair:?} is not NAME=value"));
+        env.push((name.to_string(), value.to_string()));
+    }
+    env
+}
+
+/// [`relay_env`] as [`RelayProcess::start`] takes it.
+fn env_refs(env: &[(String, String)]) -> Vec<(&str, &str)> {
+    env.iter().map(|(n, v)| (n.as_str(), v.as_str())).collect()
 }
 
 /// With `RELAY_BENCH_RELAY_LOG` set, copies a relay's log to
@@ -597,7 +623,7 @@ async fn run(broker: &Broker) -> Figures {
             broker,
             &[("throughput", "relay-in", "relay-out", "passthrough")],
         ),
-        &[("RUST_LOG", &relay_log())],
+        &env_refs(&relay_env()),
     );
     let relay_pid = Some(relay.pid());
     let before = Cpu::now(relay_pid, tansu);
@@ -615,7 +641,7 @@ async fn run(broker: &Broker) -> Figures {
     } else {
         let relay = RelayProcess::start(
             &relay_config_with(broker, &[("latency", "lat-in", "lat-out", "passthrough")]),
-            &[("RUST_LOG", &relay_log())],
+            &env_refs(&relay_env()),
         );
         let latencies = measure_latency(broker).await;
         drop(relay);
@@ -628,7 +654,7 @@ async fn run(broker: &Broker) -> Figures {
             broker,
             &[("enrich", "enrich-in", "enrich-out", "json-enrich")],
         ),
-        &[("RUST_LOG", &relay_log())],
+        &env_refs(&relay_env()),
     );
     let started = Instant::now();
     wait_until_returned(&relay, "enrich", started).await;

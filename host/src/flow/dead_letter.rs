@@ -7,6 +7,7 @@
 //! ([`without_the_message`]), saying what was left out.
 
 use super::headers;
+use super::origin::OriginHeaders;
 use crate::kafka::{InputRecord, OutputRecord};
 
 /// Where in a flow a message failed.
@@ -72,15 +73,14 @@ pub fn without_the_message(dead_letter: &OutputRecord) -> OutputRecord {
     record
 }
 
-/// Adds the origin headers of `input` to `record` (data-returns and dead letters).
+/// Adds the origin headers of `input` to `record` (dead letters; a flow's
+/// outputs get them when enqueued, see [`super::origin`]).
 pub fn add_origin_headers(record: &mut OutputRecord, input: &InputRecord) {
-    record.set_header(headers::ORIGIN_TOPIC, input.topic.as_bytes());
-    record.set_header(headers::ORIGIN_PARTITION, input.partition.to_string());
-    record.set_header(headers::ORIGIN_OFFSET, input.offset.to_string());
-    if let Some(key) = &input.key {
-        record.set_header(headers::ORIGIN_KEY, key.clone());
+    let origin = OriginHeaders::of(input);
+    let (pairs, count) = origin.pairs();
+    for (name, value) in &pairs[..count] {
+        record.set_header(name, *value);
     }
-    record.set_header(headers::DELIVERY_ID, input.delivery_id());
 }
 
 /// The dead-letter record for `failed` (the message at the failing stage),

@@ -23,9 +23,8 @@ use rdkafka::error::KafkaError;
 use tokio_util::sync::CancellationToken;
 
 use super::chain::{BatchResult, PluginChain};
-use super::dead_letter::{
-    DROPPED_HEADER, Stage, add_origin_headers, dead_letter_record, without_the_message,
-};
+use super::dead_letter::{DROPPED_HEADER, Stage, dead_letter_record, without_the_message};
+use super::origin::OriginHeaders;
 use super::retry::{Retried, failure_reason, retry_after};
 use super::target::{Delivery, DeliveryEnd, DeliveryTarget};
 use crate::config::RetryConfig;
@@ -305,11 +304,9 @@ impl FlowHandler {
             }
         };
 
+        // The outputs' origin headers are added as they are enqueued.
         if self.data_return.is_empty() {
-            for mut record in returns {
-                add_origin_headers(&mut record, &input);
-                outputs.push(record);
-            }
+            outputs = returns;
         } else if !returns.is_empty() {
             let ran = Box::pin(self.run_data_returns(
                 returns,
@@ -333,8 +330,8 @@ impl FlowHandler {
                 .into_iter()
                 .map(|r| (r, false))
                 .chain(dead_letters.into_iter().map(|r| (r, true)));
-            if let Some(waiting) = self.enqueue_now(&mut produces, &mut in_flight) {
-                Box::pin(self.enqueue_rest(waiting, produces, &mut in_flight)).await;
+            if let Some(waiting) = self.enqueue_now(&input, &mut produces, &mut in_flight) {
+                Box::pin(self.enqueue_rest(&input, waiting, produces, &mut in_flight)).await;
             }
         }
         let flow = self.clone();
@@ -384,12 +381,7 @@ impl FlowHandler {
                 .run_chain(&self.data_return, input, data_return, abort)
                 .await
             {
-                ChainRun::Output(records) => {
-                    for mut record in records {
-                        add_origin_headers(&mut record, input);
-                        outputs.push(record);
-                    }
-                }
+                ChainRun::Output(records) => outputs.extend(records),
                 ChainRun::DeadLetter(record) => dead_letters.push(record),
                 ChainRun::Aborted => return false,
             }
@@ -397,16 +389,21 @@ impl FlowHandler {
         true
     }
 
-    /// Enqueues `produces` in order while the producer's queue has room;
-    /// the first that finds it full is returned, not enqueued.
+    /// Enqueues `produces` (made from `input`) in order while the producer's
+    /// queue has room; the first that finds it full is returned, not
+    /// enqueued.
     fn enqueue_now(
         &self,
+        input: &InputRecord,
         produces: &mut impl Iterator<Item = (OutputRecord, bool)>,
         in_flight: &mut Vec<InFlight>,
     ) -> Option<(OutputRecord, bool)> {
         let producer = self.link.producer();
+        let origin = OriginHeaders::of(input);
+        let (origin, count) = origin.pairs();
         for (record, dead_letter) in produces {
-            match producer.enqueue_now(self.topic(dead_letter), &record) {
+            let extra = origin_headers(&origin[..count], dead_letter);
+            match producer.enqueue_now_with(self.topic(dead_letter), &record, extra) {
                 Some(enqueued) => in_flight.push(InFlight::new(record, dead_letter, enqueued)),
                 None => return Some((record, dead_letter)),
             }
@@ -418,13 +415,19 @@ impl FlowHandler {
     /// in the producer's queue when it is full.
     async fn enqueue_rest(
         &self,
+        input: &InputRecord,
         waiting: (OutputRecord, bool),
         rest: impl Iterator<Item = (OutputRecord, bool)>,
         in_flight: &mut Vec<InFlight>,
     ) {
+        let origin = OriginHeaders::of(input);
+        let (origin, count) = origin.pairs();
         for (record, dead_letter) in std::iter::once(waiting).chain(rest) {
             let producer = self.link.producer();
-            let enqueued = producer.enqueue(self.topic(dead_letter), &record).await;
+            let extra = origin_headers(&origin[..count], dead_letter);
+            let enqueued = producer
+                .enqueue_with(self.topic(dead_letter), &record, extra)
+                .await;
             in_flight.push(InFlight::new(record, dead_letter, enqueued));
         }
     }
@@ -609,6 +612,16 @@ impl FlowHandler {
             }
         }
     }
+}
+
+/// The headers added to a produce as it is enqueued: an output gets its
+/// input's origin headers; a dead letter has them already, among its own
+/// (see [`dead_letter_record`]).
+fn origin_headers<'a>(
+    origin: &'a [(&'static str, &'a [u8])],
+    dead_letter: bool,
+) -> &'a [(&'a str, &'a [u8])] {
+    if dead_letter { &[] } else { origin }
 }
 
 /// True when Kafka (or librdkafka, before sending) refused a record as

@@ -8,12 +8,14 @@
 //! - [`retry`]: backoff within a budget.
 //! - [`dead_letter`]: dead-letter records and their headers.
 //! - [`headers`]: every header name the relay uses.
+//! - [`origin`]: the origin headers of a flow's outputs, rendered when enqueued.
 
 pub mod app;
 pub mod chain;
 pub mod dead_letter;
 pub mod handler;
 pub mod headers;
+pub mod origin;
 pub mod retry;
 pub mod target;
 

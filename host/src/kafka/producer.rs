@@ -54,8 +54,21 @@ impl RelayProducer {
         record: &OutputRecord,
     ) -> Result<impl Future<Output = Result<Delivered, KafkaError>> + Send + 'static, KafkaError>
     {
+        self.enqueue_with(topic, record, &[]).await
+    }
+
+    /// [`RelayProducer::enqueue`] with `extra` headers after the record's
+    /// own (replacing those of the same names), copied straight into
+    /// librdkafka's.
+    pub async fn enqueue_with(
+        &self,
+        topic: &str,
+        record: &OutputRecord,
+        extra: &[(&str, &[u8])],
+    ) -> Result<impl Future<Output = Result<Delivered, KafkaError>> + Send + 'static, KafkaError>
+    {
         loop {
-            match self.enqueue_now(topic, record) {
+            match self.enqueue_now_with(topic, record, extra) {
                 Some(enqueued) => return enqueued,
                 // Boxed: rare, and every enqueue's future would carry the
                 // timer otherwise.
@@ -64,18 +77,21 @@ impl RelayProducer {
         }
     }
 
-    /// [`RelayProducer::enqueue`] without waiting: `None` while librdkafka's
-    /// queue is full. A caller that tries first keeps the wait out of its
-    /// own future.
-    pub fn enqueue_now(
+    /// [`RelayProducer::enqueue_with`] without waiting: `None` while
+    /// librdkafka's queue is full. A caller that tries first keeps the wait
+    /// out of its own future.
+    pub fn enqueue_now_with(
         &self,
         topic: &str,
         record: &OutputRecord,
+        extra: &[(&str, &[u8])],
     ) -> Option<
         Result<impl Future<Output = Result<Delivered, KafkaError>> + Send + 'static, KafkaError>,
     > {
-        let mut future_record: FutureRecord<'_, [u8], [u8]> =
-            FutureRecord::to(topic).headers(record.rdkafka_headers());
+        let mut future_record: FutureRecord<'_, [u8], [u8]> = FutureRecord::to(topic);
+        if let Some(headers) = record.rdkafka_headers(extra) {
+            future_record = future_record.headers(headers);
+        }
         if let Some(key) = &record.key {
             future_record = future_record.key(key.as_slice());
         }

@@ -190,22 +190,77 @@ impl OutputRecord {
             .map(|(_, v)| v.as_slice())
     }
 
-    pub(crate) fn rdkafka_headers(&self) -> OwnedHeaders {
-        self.headers.iter().fold(
-            OwnedHeaders::new_with_capacity(self.headers.len()),
-            |acc, (name, value)| {
-                acc.insert(Header {
-                    key: name,
-                    value: Some(value.as_slice()),
-                })
-            },
-        )
+    /// Its headers for librdkafka, followed by `extra` (which replace any
+    /// of its own with the same names, as [`OutputRecord::set_header`]
+    /// would); `None` when there are none at all.
+    pub(crate) fn rdkafka_headers(&self, extra: &[(&str, &[u8])]) -> Option<OwnedHeaders> {
+        if self.headers.is_empty() && extra.is_empty() {
+            return None;
+        }
+        let mut headers = OwnedHeaders::new_with_capacity(self.headers.len() + extra.len());
+        for (name, value) in &self.headers {
+            if extra.iter().any(|(extra_name, _)| extra_name == name) {
+                continue;
+            }
+            headers = headers.insert(Header {
+                key: name,
+                value: Some(value.as_slice()),
+            });
+        }
+        for (name, value) in extra {
+            headers = headers.insert(Header {
+                key: name,
+                value: Some(*value),
+            });
+        }
+        Some(headers)
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn names_and_values(headers: &OwnedHeaders) -> Vec<(String, Vec<u8>)> {
+        headers
+            .iter()
+            .map(|h| (h.key.to_string(), h.value.unwrap_or_default().to_vec()))
+            .collect()
+    }
+
+    #[test]
+    fn extra_headers_follow_the_records_own_and_replace_those_of_their_names() {
+        let record = OutputRecord {
+            key: None,
+            value: None,
+            headers: vec![
+                ("traceparent".into(), b"00-1".to_vec()),
+                ("wasmrelay-origin-topic".into(), b"forged".to_vec()),
+                ("app".into(), b"x".to_vec()),
+            ],
+        };
+        let extra: [(&str, &[u8]); 2] = [
+            ("wasmrelay-origin-topic", b"orders"),
+            ("wasmrelay-delivery-id", b"orders/0/1"),
+        ];
+        let headers = record.rdkafka_headers(&extra).expect("headers");
+        assert_eq!(
+            names_and_values(&headers),
+            vec![
+                ("traceparent".to_string(), b"00-1".to_vec()),
+                ("app".to_string(), b"x".to_vec()),
+                ("wasmrelay-origin-topic".to_string(), b"orders".to_vec()),
+                ("wasmrelay-delivery-id".to_string(), b"orders/0/1".to_vec()),
+            ]
+        );
+        // Without extra headers the record's own go as they are.
+        assert_eq!(
+            names_and_values(&record.rdkafka_headers(&[]).expect("headers")),
+            record.headers
+        );
+        // Nothing at all: no headers for librdkafka to allocate.
+        assert!(OutputRecord::default().rdkafka_headers(&[]).is_none());
+    }
 
     #[test]
     fn the_delivery_id_is_topic_partition_offset() {
