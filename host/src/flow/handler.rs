@@ -29,7 +29,7 @@ use super::retry::{Retried, failure_reason, retry_after};
 use super::target::{Delivery, DeliveryEnd, DeliveryTarget};
 use crate::config::RetryConfig;
 use crate::kafka::consumer::{Completion, Handling, MessageHandler, Outcome};
-use crate::kafka::producer::Delivered;
+use crate::kafka::producer::Ack;
 use crate::kafka::{InputRecord, OutputRecord};
 use crate::link::KafkaLink;
 use crate::telemetry::metrics::{FlowMetrics, HeldGauge};
@@ -67,24 +67,13 @@ pub struct FlowHandler {
 struct InFlight {
     record: OutputRecord,
     dead_letter: bool,
-    ack: BoxFuture<'static, Result<Delivered, KafkaError>>,
+    /// Its acknowledgement, or the error that refused it at once.
+    ack: Result<Ack, KafkaError>,
 }
 
 impl InFlight {
-    /// A produce enqueued, or refused at once (its error is its
-    /// acknowledgement then).
-    fn new(
-        record: OutputRecord,
-        dead_letter: bool,
-        enqueued: Result<
-            impl Future<Output = Result<Delivered, KafkaError>> + Send + 'static,
-            KafkaError,
-        >,
-    ) -> Self {
-        let ack = match enqueued {
-            Ok(ack) => ack.boxed(),
-            Err(error) => async move { Err(error) }.boxed(),
-        };
+    /// A produce enqueued, or refused at once.
+    fn new(record: OutputRecord, dead_letter: bool, ack: Result<Ack, KafkaError>) -> Self {
         InFlight {
             record,
             dead_letter,
@@ -336,10 +325,18 @@ impl FlowHandler {
         }
         let flow = self.clone();
         let awaiting_ack = HeldGauge::hold(&self.metrics.awaiting_ack);
+        if deliveries.is_empty() && !in_flight.is_empty() {
+            // Nothing delivered, only produced (a transform flow): the
+            // completion is the wait for the acknowledgements itself, one
+            // box less a record.
+            return flow
+                .complete(input, in_flight, abort, (in_progress, awaiting_ack))
+                .boxed();
+        }
         // The future of every record in flight: kept small for the common
         // case (one delivery, nothing to produce), the rest boxed.
         async move {
-            let _held = (in_progress, awaiting_ack);
+            let held = (in_progress, awaiting_ack);
             if deliveries.len() == 1 {
                 let delivery = deliveries.pop().expect("one delivery");
                 let end = delivery.await;
@@ -360,7 +357,7 @@ impl FlowHandler {
             if in_flight.is_empty() {
                 return Outcome::Finished;
             }
-            Box::pin(flow.complete(input, in_flight, abort)).await
+            Box::pin(flow.complete(input, in_flight, abort, held)).await
         }
         .boxed()
     }
@@ -549,15 +546,21 @@ impl FlowHandler {
 
     /// Waits for every acknowledgement; a refused output is dead-lettered, a
     /// refused dead letter is written again until Kafka takes it (or the work
-    /// is aborted, in which case the input is consumed again later).
+    /// is aborted, in which case the input is consumed again later). `_held`:
+    /// the record's gauges (in progress, awaiting acknowledgement), given
+    /// back when it ends.
     async fn complete(
         self: Arc<Self>,
         input: InputRecord,
         in_flight: Vec<InFlight>,
         abort: CancellationToken,
+        _held: (HeldGauge, HeldGauge),
     ) -> Outcome {
         for produce in in_flight {
-            let result = produce.ack.await;
+            let result = match produce.ack {
+                Ok(ack) => ack.await,
+                Err(error) => Err(error),
+            };
             match (result, produce.dead_letter) {
                 (Ok(_), false) => {
                     self.metrics.returned.inc();

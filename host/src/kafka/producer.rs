@@ -3,11 +3,13 @@
 //! future awaited by whoever needs it, so many records are in flight at once
 //! and nobody waits for acknowledgements one by one.
 
+use std::pin::Pin;
+use std::task::{Context, Poll};
 use std::time::Duration;
 
 use anyhow::Context as _;
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
-use rdkafka::producer::{FutureProducer, FutureRecord, Producer as _};
+use rdkafka::producer::{DeliveryFuture, FutureProducer, FutureRecord, Producer as _};
 
 use super::link::LinkInfo;
 use super::record::OutputRecord;
@@ -22,6 +24,37 @@ pub struct Delivered {
     pub partition: i32,
     /// Offset written.
     pub offset: i64,
+}
+
+/// The acknowledgement of an enqueued record: resolves once Kafka has
+/// written it, or refused it. A named future (not an `async` block), so
+/// that whoever keeps many of them keeps them without a box each.
+#[must_use = "a record's acknowledgement says whether it was written"]
+pub struct Ack {
+    delivery: DeliveryFuture,
+}
+
+impl std::fmt::Debug for Ack {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Ack").finish_non_exhaustive()
+    }
+}
+
+impl Future for Ack {
+    type Output = Result<Delivered, KafkaError>;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        Pin::new(&mut self.delivery)
+            .poll(cx)
+            .map(|result| match result {
+                Ok(Ok(delivery)) => Ok(Delivered {
+                    partition: delivery.partition,
+                    offset: delivery.offset,
+                }),
+                Ok(Err((error, _message))) => Err(error),
+                Err(_canceled) => Err(KafkaError::Canceled),
+            })
+    }
 }
 
 /// A producer of one link.
@@ -48,12 +81,7 @@ impl RelayProducer {
     /// Enqueues `record` for `topic`, waiting while librdkafka's queue is
     /// full, and returns the acknowledgement as a future. The record is in
     /// flight once this returns; await the future to know it was written.
-    pub async fn enqueue(
-        &self,
-        topic: &str,
-        record: &OutputRecord,
-    ) -> Result<impl Future<Output = Result<Delivered, KafkaError>> + Send + 'static, KafkaError>
-    {
+    pub async fn enqueue(&self, topic: &str, record: &OutputRecord) -> Result<Ack, KafkaError> {
         self.enqueue_with(topic, record, &[]).await
     }
 
@@ -65,8 +93,7 @@ impl RelayProducer {
         topic: &str,
         record: &OutputRecord,
         extra: &[(&str, &[u8])],
-    ) -> Result<impl Future<Output = Result<Delivered, KafkaError>> + Send + 'static, KafkaError>
-    {
+    ) -> Result<Ack, KafkaError> {
         loop {
             match self.enqueue_now_with(topic, record, extra) {
                 Some(enqueued) => return enqueued,
@@ -85,9 +112,7 @@ impl RelayProducer {
         topic: &str,
         record: &OutputRecord,
         extra: &[(&str, &[u8])],
-    ) -> Option<
-        Result<impl Future<Output = Result<Delivered, KafkaError>> + Send + 'static, KafkaError>,
-    > {
+    ) -> Option<Result<Ack, KafkaError>> {
         let mut future_record: FutureRecord<'_, [u8], [u8]> = FutureRecord::to(topic);
         if let Some(headers) = record.rdkafka_headers(extra) {
             future_record = future_record.headers(headers);
@@ -99,16 +124,7 @@ impl RelayProducer {
             future_record = future_record.payload(value.as_slice());
         }
         match self.inner.send_result(future_record) {
-            Ok(delivery) => Some(Ok(async move {
-                match delivery.await {
-                    Ok(Ok(delivery)) => Ok(Delivered {
-                        partition: delivery.partition,
-                        offset: delivery.offset,
-                    }),
-                    Ok(Err((error, _message))) => Err(error),
-                    Err(_canceled) => Err(KafkaError::Canceled),
-                }
-            })),
+            Ok(delivery) => Some(Ok(Ack { delivery })),
             Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), _)) => None,
             Err((error, _)) => Some(Err(error)),
         }
