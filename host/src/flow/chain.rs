@@ -94,7 +94,7 @@ impl PluginChain {
                 .map(|m| to_plugin_message(input, m))
                 .collect();
             let started = Instant::now();
-            let answers = self.registry.process_batch(version.clone(), batch).await;
+            let (_, answers) = self.registry.process_batch(version.clone(), batch).await;
             call_seconds.observe(started.elapsed().as_secs_f64());
             let answers = match answers {
                 Ok(answers) => answers,
@@ -129,7 +129,15 @@ impl PluginChain {
     /// whole (a trap, the deadline, the memory cap: it cannot say whose
     /// message caused it). Run a `None` item alone, with
     /// [`PluginChain::apply`] and its retries.
-    pub async fn apply_batch(&self, items: Vec<(&InputRecord, OutputRecord)>) -> Vec<BatchResult> {
+    ///
+    /// Also each item's message as it was given, handed back by the first
+    /// plugin's call (so a caller need not copy it first for a retry or a
+    /// dead letter); `None` for an item whose message did not come back (the
+    /// executor stopped before answering).
+    pub async fn apply_batch(
+        &self,
+        items: Vec<(&InputRecord, OutputRecord)>,
+    ) -> (Vec<BatchResult>, Vec<Option<OutputRecord>>) {
         // Per item: `None` while it goes on through the chain, `Some` once
         // settled (with what `apply_batch` returns for it).
         let mut settled: Vec<Option<BatchResult>> = (0..items.len()).map(|_| None).collect();
@@ -137,6 +145,8 @@ impl PluginChain {
             .into_iter()
             .map(|(input, message)| (input, vec![message]))
             .unzip();
+        // The messages given, once the first plugin's call hands them back.
+        let mut given: Option<Vec<Option<OutputRecord>>> = None;
         // False when a plugin of the chain is not loaded: what is not settled
         // then retries on its own.
         let mut every_plugin_ran = true;
@@ -156,8 +166,13 @@ impl PluginChain {
                 break;
             }
             let started = Instant::now();
-            let answers = self.registry.process_batch(version.clone(), batch).await;
+            let (messages, answers) = self.registry.process_batch(version.clone(), batch).await;
             call_seconds.observe(started.elapsed().as_secs_f64());
+            if given.is_none() {
+                // The first call: one message per item, in the items' order.
+                let mut messages = messages.into_iter().map(from_plugin_message);
+                given = Some(current.iter().map(|_| messages.next()).collect());
+            }
             let Ok(answers) = answers else {
                 // Failed as a whole: whose message did it is not known.
                 for result in settled.iter_mut().filter(|r| r.is_none()) {
@@ -196,7 +211,10 @@ impl PluginChain {
                 }
             }
         }
-        settled
+        // No call made (the first plugin is not loaded): the messages
+        // given are still where they were put.
+        let given = given.unwrap_or_else(|| current.iter_mut().map(Vec::pop).collect());
+        let results = settled
             .into_iter()
             .zip(current)
             .map(|(result, output)| match result {
@@ -204,7 +222,8 @@ impl PluginChain {
                 None if every_plugin_ran => Some(Attempt::Success(output)),
                 None => None,
             })
-            .collect()
+            .collect();
+        (results, given)
     }
 }
 
@@ -242,6 +261,20 @@ pub(crate) fn to_plugin_message(input: &InputRecord, message: OutputRecord) -> M
         partition: input.partition,
         offset: input.offset,
         timestamp_ms: input.timestamp_ms,
+    }
+}
+
+/// A message given to a plugin, as it was before the call (its place, which
+/// the input keeps, left out).
+fn from_plugin_message(message: Message) -> OutputRecord {
+    OutputRecord {
+        key: message.key,
+        value: message.value,
+        headers: message
+            .headers
+            .into_iter()
+            .map(|h| (h.name, h.value))
+            .collect(),
     }
 }
 

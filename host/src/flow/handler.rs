@@ -141,20 +141,23 @@ impl MessageHandler for FlowMessageHandler {
 struct Started {
     in_progress: HeldGauge,
     first_attempt: BatchResult,
+    message: BatchMessage,
+}
+
+/// Where a record's message is after its batch's first attempt.
+enum BatchMessage {
+    /// Still in the record: no plugin call was made for it.
+    InInput,
+    /// Taken out of the record for the call, and handed back by it.
+    Back(OutputRecord),
+    /// Taken out and not handed back: the plugin executor stopped before
+    /// answering (only at shutdown). The record is given up, to be consumed
+    /// again.
+    Lost,
 }
 
 fn abandoned() -> Completion {
     async { Outcome::Abandoned }.boxed()
-}
-
-/// The input as a message, before any chain (a copy: a batch's first
-/// attempt, while the record's own part takes it again later).
-fn original(input: &InputRecord) -> OutputRecord {
-    OutputRecord {
-        key: input.key.clone(),
-        value: input.value.clone(),
-        headers: input.headers.clone(),
-    }
 }
 
 /// The input as a message, before any chain: its value and headers moved
@@ -177,7 +180,7 @@ impl FlowHandler {
     /// chain again alone, with retries).
     async fn handle_batch_in_order(
         self: Arc<Self>,
-        inputs: Vec<InputRecord>,
+        mut inputs: Vec<InputRecord>,
         abort: CancellationToken,
     ) -> Vec<Handling> {
         // Counted from here: the batch's call is part of each record's work.
@@ -188,25 +191,32 @@ impl FlowHandler {
                 HeldGauge::hold(&self.metrics.in_progress)
             })
             .collect();
-        let first_attempts = if self.service_call.is_empty() {
-            inputs.iter().map(|_| None).collect()
-        } else {
-            let items = inputs
-                .iter()
-                .map(|input| (input, original(input)))
-                .collect();
-            self.service_call.apply_batch(items).await
-        };
+        let (first_attempts, messages): (Vec<BatchResult>, Vec<BatchMessage>) =
+            if self.service_call.is_empty() {
+                inputs.iter().map(|_| (None, BatchMessage::InInput)).unzip()
+            } else {
+                // The messages go to the call and come back with its
+                // answers: no copy is made in case the call fails.
+                let taken: Vec<OutputRecord> = inputs.iter_mut().map(take_original).collect();
+                let items = inputs.iter().zip(taken).collect();
+                let (results, given) = self.service_call.apply_batch(items).await;
+                let given = given
+                    .into_iter()
+                    .map(|message| message.map_or(BatchMessage::Lost, BatchMessage::Back));
+                (results, given.collect())
+            };
         inputs
             .into_iter()
             .zip(first_attempts)
+            .zip(messages)
             .zip(held)
-            .map(|((input, first_attempt), in_progress)| {
+            .map(|(((input, first_attempt), message), in_progress)| {
                 let flow = self.clone();
                 let abort = abort.clone();
                 let started = Started {
                     in_progress,
                     first_attempt,
+                    message,
                 };
                 // As in `handle`: the ordered part yields the completion.
                 flow.handle_in_order(input, abort, Some(started)).boxed()
@@ -233,18 +243,23 @@ impl FlowHandler {
         // the future lasts to the end of its scope, even when moved out
         // earlier, and every record in flight has this future.
         let calls = {
-            let first_attempt;
-            (in_progress, first_attempt) = match started {
-                Some(started) => (started.in_progress, started.first_attempt),
+            let (first_attempt, batch_message);
+            (in_progress, first_attempt, batch_message) = match started {
+                Some(started) => (started.in_progress, started.first_attempt, started.message),
                 None => {
                     self.metrics.consumed.inc();
-                    (HeldGauge::hold(&self.metrics.in_progress), None)
+                    let in_progress = HeldGauge::hold(&self.metrics.in_progress);
+                    (in_progress, None, BatchMessage::InInput)
                 }
             };
             // A chain's run is boxed (and skipped when the chain is
             // empty): it would otherwise make every record's future larger
             // than the allocator's thread cache takes.
-            let message = take_original(&mut input);
+            let message = match batch_message {
+                BatchMessage::InInput => take_original(&mut input),
+                BatchMessage::Back(message) => message,
+                BatchMessage::Lost => return abandoned(),
+            };
             let service_call = if self.service_call.is_empty() {
                 ChainRun::Output(vec![message])
             } else {

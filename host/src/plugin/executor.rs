@@ -39,11 +39,13 @@ const SPIN: Duration = Duration::from_micros(50);
 /// The answers to one job: one per message, or an error for all of them.
 pub type BatchAnswers = Result<Vec<Result<Outcome, PluginError>>, PluginError>;
 
-/// One call asked for: messages for a version, and where the answers go.
+/// One call asked for: messages for a version, and where the answers go
+/// (with the messages, handed back: a caller that still needs them, for a
+/// retry or a dead letter, need not copy them first).
 struct Job {
     version: Arc<PluginVersion>,
     messages: Vec<Message>,
-    reply: oneshot::Sender<BatchAnswers>,
+    reply: oneshot::Sender<(Vec<Message>, BatchAnswers)>,
 }
 
 #[derive(Default)]
@@ -108,7 +110,7 @@ impl PluginExecutor {
         &self,
         version: Arc<PluginVersion>,
         messages: Vec<Message>,
-    ) -> BatchAnswers {
+    ) -> (Vec<Message>, BatchAnswers) {
         let (reply, answer) = oneshot::channel();
         let wake = {
             let mut queue = self
@@ -129,11 +131,15 @@ impl PluginExecutor {
             self.shared.ready.notify_one();
         }
         answer.await.unwrap_or_else(|_| {
-            // Only at shutdown; worth a retry, not a dead letter.
-            Err(PluginError::Instantiate {
-                version: version.label().clone(),
-                cause: "the plugin executor stopped before answering".into(),
-            })
+            // Only at shutdown (the messages went with the job); worth a
+            // retry, not a dead letter.
+            (
+                Vec::new(),
+                Err(PluginError::Instantiate {
+                    version: version.label().clone(),
+                    cause: "the plugin executor stopped before answering".into(),
+                }),
+            )
         })
     }
 }
@@ -217,13 +223,13 @@ impl Shared {
     }
 }
 
-/// Makes one call for `jobs` (all for one version) and answers each; a
-/// failed merged call is made again job by job.
+/// Makes one call for `jobs` (all for one version) and answers each, with
+/// its messages handed back; a failed merged call is made again job by job.
 fn run(mut jobs: Vec<Job>) {
     if jobs.len() == 1 {
         let job = jobs.pop().expect("one job");
         let answers = job.version.process_batch(&job.messages);
-        let _ = job.reply.send(answers);
+        let _ = job.reply.send((job.messages, answers));
         return;
     }
     let version = jobs[0].version.clone();
@@ -232,20 +238,26 @@ fn run(mut jobs: Vec<Job>) {
     for job in &mut jobs {
         merged.append(&mut job.messages);
     }
-    match version.process_batch(&merged) {
+    let answers = version.process_batch(&merged);
+    // Give the messages back to their jobs.
+    let mut merged = merged.into_iter();
+    for (job, count) in jobs.iter_mut().zip(&counts) {
+        job.messages = merged.by_ref().take(*count).collect();
+    }
+    match answers {
         Ok(answers) => {
             let mut answers = answers.into_iter();
             for (job, count) in jobs.into_iter().zip(counts) {
-                let _ = job.reply.send(Ok(answers.by_ref().take(count).collect()));
+                let _ = job
+                    .reply
+                    .send((job.messages, Ok(answers.by_ref().take(count).collect())));
             }
         }
         Err(_) => {
-            // Give the messages back to their jobs and call each alone.
-            let mut merged = merged.into_iter();
-            for (mut job, count) in jobs.into_iter().zip(counts) {
-                job.messages = merged.by_ref().take(count).collect();
+            // Call each alone: the failure may be one job's.
+            for job in jobs {
                 let answers = job.version.process_batch(&job.messages);
-                let _ = job.reply.send(answers);
+                let _ = job.reply.send((job.messages, answers));
             }
         }
     }

@@ -166,12 +166,14 @@ impl PluginRegistry {
 
     /// Processes `messages` with `version` on the plugin executor (one
     /// answer per message, in order), merged into one call with other
-    /// messages waiting for the same version.
+    /// messages waiting for the same version. The messages are handed back
+    /// with the answers (none when the executor stopped before answering,
+    /// or the call's task failed).
     pub async fn process_batch(
         &self,
         version: Arc<PluginVersion>,
         messages: Vec<Message>,
-    ) -> BatchAnswers {
+    ) -> (Vec<Message>, BatchAnswers) {
         let executor = self.executor.get_or_init(|| {
             PluginExecutor::start(PluginExecutor::default_threads())
                 .inspect_err(|error| {
@@ -183,14 +185,20 @@ impl PluginRegistry {
             Some(executor) => executor.process_batch(version, messages).await,
             None => {
                 let label = version.label().clone();
-                tokio::task::spawn_blocking(move || version.process_batch(&messages))
-                    .await
-                    .unwrap_or_else(|join_error| {
+                tokio::task::spawn_blocking(move || {
+                    let answers = version.process_batch(&messages);
+                    (messages, answers)
+                })
+                .await
+                .unwrap_or_else(|join_error| {
+                    (
+                        Vec::new(),
                         Err(PluginError::Instantiate {
                             version: label,
                             cause: format!("plugin task failed: {join_error}"),
-                        })
-                    })
+                        }),
+                    )
+                })
             }
         }
     }

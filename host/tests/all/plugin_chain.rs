@@ -59,6 +59,20 @@ fn message(input: &InputRecord) -> OutputRecord {
     }
 }
 
+/// Every item's message came back from `apply_batch` as it was given (a
+/// record's retry and dead letter need it; nothing was copied for them).
+fn assert_handed_back(inputs: &[InputRecord], given: &[Option<OutputRecord>]) {
+    assert_eq!(given.len(), inputs.len());
+    for (input, given) in inputs.iter().zip(given) {
+        assert_eq!(
+            given.as_ref(),
+            Some(&message(input)),
+            "offset {}",
+            input.offset
+        );
+    }
+}
+
 /// Every third record is not JSON (json-enrich dead-letters it).
 fn inputs(count: i64) -> Vec<InputRecord> {
     (0..count)
@@ -95,7 +109,8 @@ async fn a_batch_gets_each_record_what_it_gets_alone_from_one_call_per_plugin() 
     );
     let inputs = inputs(90);
     let items = inputs.iter().map(|i| (i, message(i))).collect();
-    let batched = chain.apply_batch(items).await;
+    let (batched, given) = chain.apply_batch(items).await;
+    assert_handed_back(&inputs, &given);
     let text = metrics.render();
     for plugin in ["passthrough", "json-enrich"] {
         assert!(
@@ -148,7 +163,9 @@ async fn a_call_that_traps_leaves_every_record_of_the_batch_to_run_alone() {
     );
     let inputs = inputs(10);
     let items = inputs.iter().map(|i| (i, message(i))).collect();
-    let batched = chain.apply_batch(items).await;
+    let (batched, given) = chain.apply_batch(items).await;
+    // The trapped call hands the messages back too.
+    assert_handed_back(&inputs, &given);
     assert_eq!(batched.len(), 10);
     assert!(
         batched.iter().all(Option::is_none),
@@ -182,9 +199,23 @@ async fn a_plugin_not_loaded_leaves_every_record_of_the_batch_to_retry_alone() {
     );
     let inputs = inputs(5);
     let items = inputs.iter().map(|i| (i, message(i))).collect();
-    assert!(chain.apply_batch(items).await.iter().all(Option::is_none));
+    let (batched, given) = chain.apply_batch(items).await;
+    assert!(batched.iter().all(Option::is_none));
+    assert_handed_back(&inputs, &given);
     assert!(matches!(
         chain.apply(&inputs[0], message(&inputs[0])).await,
         Attempt::Retry(_)
     ));
+    // The first plugin not loaded: no call is made, and the messages are
+    // handed back as they were given.
+    let (first_missing, _first_missing_dir) = self::registry(&["passthrough"]).await;
+    let chain = PluginChain::new(
+        vec!["not-there".into(), "passthrough".into()],
+        first_missing,
+        Arc::new(RelayMetrics::new()),
+    );
+    let items = inputs.iter().map(|i| (i, message(i))).collect();
+    let (batched, given) = chain.apply_batch(items).await;
+    assert!(batched.iter().all(Option::is_none));
+    assert_handed_back(&inputs, &given);
 }

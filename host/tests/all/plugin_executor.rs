@@ -75,7 +75,20 @@ async fn jobs_queued_for_one_version_are_answered_from_one_call() {
         executor.process_batch(passthrough.clone(), messages)
     });
     let answers = futures::future::join_all(jobs).await;
-    for (n, answers) in answers.iter().enumerate() {
+    for (n, (messages, answers)) in answers.iter().enumerate() {
+        // Each job's messages come back to it, in its order.
+        let given: Vec<&[u8]> = messages
+            .iter()
+            .map(|m| m.value.as_deref().unwrap())
+            .collect();
+        assert_eq!(
+            given,
+            [
+                format!("{n}.0").as_bytes(),
+                format!("{n}.1").as_bytes(),
+                format!("{n}.2").as_bytes()
+            ]
+        );
         let answers = answers.as_ref().unwrap();
         let values: Vec<String> = answers.iter().map(emitted_value).collect();
         assert_eq!(
@@ -101,9 +114,13 @@ async fn a_trap_in_a_merged_call_fails_only_the_job_that_caused_it() {
         executor.process_batch(panicking.clone(), vec![message("boom")]),
         executor.process_batch(panicking.clone(), vec![message("spare me")]),
     );
-    assert_eq!(emitted_value(&spared.unwrap()[0]), "spare me");
-    assert_eq!(emitted_value(&spared_too.unwrap()[0]), "spare me");
-    match trapped {
+    assert_eq!(emitted_value(&spared.1.unwrap()[0]), "spare me");
+    assert_eq!(emitted_value(&spared_too.1.unwrap()[0]), "spare me");
+    // The job whose message trapped the plugin gets it back, for its
+    // retry or dead letter.
+    assert_eq!(trapped.0.len(), 1);
+    assert_eq!(trapped.0[0].value.as_deref(), Some(&b"boom"[..]));
+    match trapped.1 {
         Err(PluginError::Trap { cause, .. }) => {
             assert!(cause.contains("deliberate panic"), "{cause}")
         }
@@ -121,6 +138,7 @@ async fn an_executor_with_two_threads_answers_and_is_dropped_cleanly() {
     let answer = executor
         .process_batch(passthrough.clone(), vec![message("a")])
         .await
+        .1
         .unwrap();
     assert_eq!(emitted_value(&answer[0]), "a");
     drop(executor);
