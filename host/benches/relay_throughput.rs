@@ -632,6 +632,12 @@ async fn run(broker: &Broker) -> Figures {
     wait_until_returned(&relay, "throughput", started).await;
     let through_relay = started.elapsed();
     let relay_cpu = Cpu::now(relay_pid, tansu).since(before);
+    let calls = relay.metric(r#"wasmrelay_plugin_call_seconds_count{plugin="passthrough"}"#);
+    println!(
+        "passthrough: {calls} plugin calls for {} records ({:.1} a call)",
+        record_count(),
+        record_count() as f64 / calls.max(1) as f64
+    );
     let relay_threads = thread_cpu_since(thread_cpu_ms(relay.pid()), &threads_before);
     keep_log(&relay, "passthrough");
     drop(relay);
