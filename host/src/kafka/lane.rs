@@ -715,14 +715,7 @@ mod tests {
     ) -> Vec<i64> {
         let count = records.len();
         let mut lane = TestLane::start(handler, order, max_in_flight, pending, records);
-        let mut finished = Vec::new();
-        while finished.len() < count {
-            let (_, offset) = tokio::time::timeout(Duration::from_secs(10), lane.finished.recv())
-                .await
-                .expect("every record finishes")
-                .unwrap();
-            finished.push(offset);
-        }
+        let finished = lane.finished_offsets(count, Duration::from_secs(10)).await;
         assert_eq!(lane.backlog.records(), 0, "every record was started");
         assert_eq!(lane.backlog.bytes(), 0);
         drop(lane.records);
@@ -780,6 +773,22 @@ mod tests {
             };
             tasks.spawn(lane.run(rx));
             test_lane
+        }
+
+        /// The next `count` offsets reported finished, each within `within`
+        /// of the one before (else the test fails).
+        async fn finished_offsets(&mut self, count: usize, within: Duration) -> Vec<i64> {
+            let mut finished = Vec::with_capacity(count);
+            while finished.len() < count {
+                let (_, offset) = tokio::time::timeout(within, self.finished.recv())
+                    .await
+                    .unwrap_or_else(|_| {
+                        panic!("{} of {count} records finished in time", finished.len())
+                    })
+                    .expect("the lane's finished channel is open");
+                finished.push(offset);
+            }
+            finished
         }
     }
 
@@ -1012,14 +1021,7 @@ mod tests {
             "no batch starts while one is in its step"
         );
         release.notify_one();
-        let mut finished = Vec::new();
-        while finished.len() < 10 {
-            let (_, offset) = tokio::time::timeout(Duration::from_secs(10), lane.finished.recv())
-                .await
-                .expect("every record finishes")
-                .unwrap();
-            finished.push(offset);
-        }
+        lane.finished_offsets(10, Duration::from_secs(10)).await;
         assert_eq!(
             *batches.lock().unwrap(),
             vec![vec![0], (1..10).collect::<Vec<_>>()],
@@ -1146,14 +1148,7 @@ mod tests {
         assert_eq!(active.load(Ordering::SeqCst), 50, "none completed yet");
         released.store(true, Ordering::SeqCst);
         release.notify_waiters();
-        let mut finished = Vec::new();
-        while finished.len() < 50 {
-            let (_, offset) = tokio::time::timeout(Duration::from_secs(5), lane.finished.recv())
-                .await
-                .expect("the stopped lane's completions finish")
-                .unwrap();
-            finished.push(offset);
-        }
+        let mut finished = lane.finished_offsets(50, Duration::from_secs(5)).await;
         finished.sort_unstable();
         assert_eq!(finished, (0..50).collect::<Vec<_>>());
         lane.tasks.close();
