@@ -10,8 +10,9 @@
 #   bench/alloc-per-record.sh
 #
 # Environment (defaults in brackets): RECORDS [100000] of the benchmark
-# run, SECONDS_RECORDED [2] counted from 1 s after the relay starts (it
-# drains for longer than that: the probes slow it several times over).
+# run, SECONDS_RECORDED [2] counted from 0.3 s after the relay's first
+# plugin call (it drains for longer than that: the probes slow it several
+# times over).
 # Needs root (uprobes) and perf. The consumer thread reads ahead of what is
 # produced, so its count per produced record is an overestimate early in a
 # drain; the tokio workers' and the plugin executor's are exact.
@@ -52,7 +53,15 @@ for _ in $(seq 1 6000); do
   sleep 0.1
 done
 [[ -n "$pid" ]] || { cat "$OUT/bench.log" >&2; echo "alloc-per-record: the relay never started" >&2; exit 1; }
-sleep 1
+# The plugin executor's threads start with the first plugin call; perf
+# follows only the threads there when it attaches, so wait for them.
+for _ in $(seq 1 600); do
+  grep -qs plugin-exec /proc/"$pid"/task/*/comm && break
+  sleep 0.01
+done
+grep -qs plugin-exec /proc/"$pid"/task/*/comm \
+  || { echo "alloc-per-record: the relay made no plugin call within 6 s" >&2; exit 1; }
+sleep 0.3
 perf record -q -e probe_libc:malloc -e probe_wasmrelay:rd_kafka_producev -p "$pid" \
   -o "$OUT/probes.data" -- sleep "$SECONDS_RECORDED" >/dev/null 2>&1
 wait "$BENCH" || { cat "$OUT/bench.log" >&2; echo "alloc-per-record: the benchmark failed" >&2; exit 1; }
