@@ -19,15 +19,21 @@
 //! When a merged call fails as a whole (a trap, the deadline, the memory
 //! cap), the jobs are called again one by one, so only the job that caused
 //! it gets the error.
+//!
+//! Every job is answered with its messages handed back, even when the call
+//! panics in the host ([`call`]): a caller that gave its messages away for
+//! the call gets them back for its retry or dead letter, and the thread
+//! goes on.
 
 use std::collections::VecDeque;
+use std::panic::AssertUnwindSafe;
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 use tokio::sync::oneshot;
 
 use super::bindings::{Message, Outcome};
-use super::error::PluginError;
+use super::error::{PluginError, VersionLabel};
 use super::version::PluginVersion;
 
 /// The most messages merged into one call.
@@ -223,12 +229,39 @@ impl Shared {
     }
 }
 
+/// `version`'s call for `messages`; a panic in the host during the call is
+/// its answer as a retryable error (the messages stay with the caller, and
+/// the thread goes on).
+pub(crate) fn call(version: &PluginVersion, messages: &[Message]) -> BatchAnswers {
+    answer_even_if_it_panics(version.label(), || version.process_batch(messages))
+}
+
+/// What `call_plugin` answers, or, should it panic, an error saying so
+/// (retryable: the call may pass on another instance).
+fn answer_even_if_it_panics(
+    label: &VersionLabel,
+    call_plugin: impl FnOnce() -> BatchAnswers,
+) -> BatchAnswers {
+    std::panic::catch_unwind(AssertUnwindSafe(call_plugin)).unwrap_or_else(|panic| {
+        let what = panic
+            .downcast_ref::<&str>()
+            .map(|s| s.to_string())
+            .or_else(|| panic.downcast_ref::<String>().cloned())
+            .unwrap_or_else(|| "a panic without a message".to_string());
+        tracing::error!(plugin = %label, panic = %what, "a plugin call panicked in the host");
+        Err(PluginError::Instantiate {
+            version: label.clone(),
+            cause: format!("the call panicked in the host: {what}"),
+        })
+    })
+}
+
 /// Makes one call for `jobs` (all for one version) and answers each, with
 /// its messages handed back; a failed merged call is made again job by job.
 fn run(mut jobs: Vec<Job>) {
     if jobs.len() == 1 {
         let job = jobs.pop().expect("one job");
-        let answers = job.version.process_batch(&job.messages);
+        let answers = call(&job.version, &job.messages);
         let _ = job.reply.send((job.messages, answers));
         return;
     }
@@ -238,7 +271,7 @@ fn run(mut jobs: Vec<Job>) {
     for job in &mut jobs {
         merged.append(&mut job.messages);
     }
-    let answers = version.process_batch(&merged);
+    let answers = call(&version, &merged);
     // Give the messages back to their jobs.
     let mut merged = merged.into_iter();
     for (job, count) in jobs.iter_mut().zip(&counts) {
@@ -256,9 +289,38 @@ fn run(mut jobs: Vec<Job>) {
         Err(_) => {
             // Call each alone: the failure may be one job's.
             for job in jobs {
-                let answers = job.version.process_batch(&job.messages);
+                let answers = call(&job.version, &job.messages);
                 let _ = job.reply.send((job.messages, answers));
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn label() -> VersionLabel {
+        VersionLabel {
+            name: "p".into(),
+            sha256: "0".repeat(64),
+        }
+    }
+
+    #[test]
+    fn a_call_that_panics_in_the_host_is_answered_with_a_retryable_error() {
+        let answer = answer_even_if_it_panics(&label(), || panic!("host bug"));
+        match answer {
+            Err(error @ PluginError::Instantiate { .. }) => {
+                assert!(error.is_retryable());
+                assert!(error.to_string().contains("host bug"), "{error}");
+            }
+            other => panic!("expected an error, got {other:?}"),
+        }
+        // A call that does not panic is answered as it answers.
+        assert!(matches!(
+            answer_even_if_it_panics(&label(), || Ok(Vec::new())),
+            Ok(answers) if answers.is_empty()
+        ));
     }
 }

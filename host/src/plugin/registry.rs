@@ -168,7 +168,8 @@ impl PluginRegistry {
     /// answer per message, in order), merged into one call with other
     /// messages waiting for the same version. The messages are handed back
     /// with the answers (none when the executor stopped before answering,
-    /// or the call's task failed).
+    /// or the call's blocking task was cancelled at shutdown; a call that
+    /// panics is answered with an error, its messages handed back).
     pub async fn process_batch(
         &self,
         version: Arc<PluginVersion>,
@@ -186,7 +187,7 @@ impl PluginRegistry {
             None => {
                 let label = version.label().clone();
                 tokio::task::spawn_blocking(move || {
-                    let answers = version.process_batch(&messages);
+                    let answers = super::executor::call(&version, &messages);
                     (messages, answers)
                 })
                 .await
