@@ -47,6 +47,14 @@
 //! in this process), e.g. `MALLOC_ARENA_MAX=8` to try another allocator
 //! setting on the relay alone.
 //!
+//! `RELAY_BENCH_TRACE=1` prints, at every look at a relay's metrics while
+//! it drains (every 100 ms, then 5 ms), the time since it was ready and its
+//! flow's records consumed, in progress, awaiting acknowledgement and
+//! returned, and when the plain loop consumed its first record: where a
+//! run's time goes (a stall at the start shows as records awaiting
+//! acknowledgement while none return). The extra scrapes cost the relay a
+//! little CPU.
+//!
 //! For sweeps (`bench/throughput-sweep.sh` runs this once per point and
 //! plots the curves):
 //! - `RELAY_BENCH_PARTITIONS` (3): partitions of every topic of the run.
@@ -202,6 +210,11 @@ fn link(broker: &Broker) -> LinkInfo {
         bootstrap_servers: broker.kafka.bootstrap(),
         options,
     }
+}
+
+/// `RELAY_BENCH_TRACE` is set: print where a run's time goes.
+fn trace() -> bool {
+    std::env::var_os("RELAY_BENCH_TRACE").is_some()
 }
 
 /// The relays' `RUST_LOG`: `RELAY_BENCH_RELAY_LOG`, or quiet but for the
@@ -413,6 +426,9 @@ async fn plain_loop(
         tokio::select! {
             message = consumer.recv(), if consumed < expected => {
                 let message = message.unwrap();
+                if consumed == 0 && trace() {
+                    eprintln!("trace: plain loop {group}: first record consumed after {} ms", started.elapsed().as_millis());
+                }
                 let mut record = FutureRecord::to(output);
                 if let Some(key) = message.key() { record = record.key(key); }
                 if let Some(value) = message.payload() { record = record.payload(value); }
@@ -699,6 +715,16 @@ async fn wait_until_returned(relay: &RelayProcess, flow: &str, started: Instant)
     let expected = record_count() as u64;
     loop {
         let returned = relay.metric(&metric);
+        if trace() {
+            let gauge = |name: &str| relay.metric(&format!(r#"wasmrelay_{name}{{flow="{flow}"}}"#));
+            eprintln!(
+                "trace: {flow} {:>5} ms: consumed {}, in progress {}, awaiting ack {}, returned {returned}",
+                started.elapsed().as_millis(),
+                gauge("messages_consumed_total"),
+                gauge("messages_in_progress"),
+                gauge("messages_awaiting_ack"),
+            );
+        }
         if returned >= expected {
             return;
         }

@@ -149,31 +149,39 @@ impl RelayProducer {
 
 #[cfg(test)]
 mod tests {
-    /// The relay links the librdkafka of `vendor/rdkafka-sys`, patched so its
-    /// idempotent producer does not spin while its in-flight window is full
-    /// (vendor/README.md). Re-vendoring without the patch fails here.
+    /// The relay links the librdkafka of `vendor/rdkafka-sys`, patched
+    /// (vendor/README.md): its idempotent producer does not spin while its
+    /// in-flight window is full, and asks for its producer id as soon as a
+    /// broker connection is up. Re-vendoring without a patch fails here.
     #[test]
-    fn the_vendored_librdkafka_carries_the_spin_fix() {
+    fn the_vendored_librdkafka_carries_its_patches() {
         let root = concat!(env!("CARGO_MANIFEST_DIR"), "/../vendor");
-        let patch =
-            std::fs::read_to_string(format!("{root}/librdkafka-idempotent-producer-spin.patch"))
-                .expect("the patch file");
-        let source = std::fs::read_to_string(format!(
-            "{root}/rdkafka-sys/librdkafka/src/rdkafka_broker.c"
-        ))
-        .expect("the vendored librdkafka source");
-        let added: Vec<&str> = patch
-            .lines()
-            .filter(|line| line.starts_with('+') && !line.starts_with("+++"))
-            .map(|line| &line[1..])
-            .filter(|line| !line.trim().is_empty())
-            .collect();
-        assert!(added.len() >= 5, "the patch adds lines: {added:?}");
-        for line in added {
-            assert!(
-                source.lines().any(|source_line| source_line == line),
-                "vendor/rdkafka-sys lacks the patched line {line:?}"
-            );
+        for name in [
+            "librdkafka-idempotent-producer-spin.patch",
+            "librdkafka-idempotent-producer-first-pid.patch",
+        ] {
+            let patch = std::fs::read_to_string(format!("{root}/{name}")).expect("the patch file");
+            // Each file's section starts at its `+++ b/<path>` line.
+            let mut added = 0;
+            for section in patch.split("\n+++ b/").skip(1) {
+                let (path, body) = section.split_once('\n').expect("a patched file's path");
+                let source =
+                    std::fs::read_to_string(format!("{root}/rdkafka-sys/librdkafka/{path}"))
+                        .unwrap_or_else(|e| panic!("{name}: the vendored {path}: {e}"));
+                for line in body
+                    .lines()
+                    .filter(|line| line.starts_with('+') && !line.starts_with("+++"))
+                    .map(|line| &line[1..])
+                    .filter(|line| !line.trim().is_empty())
+                {
+                    assert!(
+                        source.lines().any(|source_line| source_line == line),
+                        "vendor/rdkafka-sys/librdkafka/{path} lacks the line {line:?} of {name}"
+                    );
+                    added += 1;
+                }
+            }
+            assert!(added >= 5, "{name} adds lines ({added} found)");
         }
         let lock = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../Cargo.lock"))
             .expect("Cargo.lock");

@@ -22,3 +22,4 @@ mod plugin_chain;
 mod plugin_executor;
 mod plugin_guard_rails;
 mod plugin_hot_reload;
+mod producer_start;

@@ -2349,6 +2349,12 @@ void rd_kafka_broker_connect_up(rd_kafka_broker_t *rkb) {
         rd_kafka_broker_set_state(rkb, RD_KAFKA_BROKER_STATE_UP);
         rd_kafka_broker_unlock(rkb);
 
+        /* wasmrelay patch: an idempotent producer waiting for a connection
+         * to acquire its PID asks now. */
+        if (rkb->rkb_source != RD_KAFKA_INTERNAL &&
+            !RD_KAFKA_BROKER_IS_LOGICAL(rkb))
+                rd_kafka_idemp_broker_up(rkb->rkb_rk);
+
         /* Request metadata (async):
          * try locally known topics first and if there are none try
          * getting just the broker list. */

@@ -50,6 +50,14 @@
 static void rd_kafka_idemp_pid_timer_restart(rd_kafka_t *rk,
                                              rd_bool_t immediate,
                                              const char *reason);
+static void rd_kafka_idemp_pid_timer_restart_in(rd_kafka_t *rk,
+                                                int interval_ms,
+                                                const char *reason);
+
+/* wasmrelay patch: how soon an idempotent producer that found no broker
+ * connection up asks again for one (each ask selects a broker to connect
+ * to, at most once per sparse connection interval). */
+#define RD_KAFKA_IDEMP_TRANSPORT_RETRY_MS 50
 
 
 /**
@@ -275,9 +283,19 @@ redo:
                         /* The coordinator broker monitor will re-trigger
                          * the fsm sooner if txn_coord has a state change,
                          * else rely on the timer to retry. */
-                        rd_kafka_idemp_pid_timer_restart(
-                            rk, rd_false,
-                            rkb ? "No broker available" : "Coordinator not up");
+                        /* wasmrelay patch: an idempotent producer is
+                         * re-triggered when a broker connection comes up
+                         * (rd_kafka_idemp_broker_up()); it asks for one
+                         * again soon, not in 500ms. */
+                        if (!rd_kafka_is_transactional(rk))
+                                rd_kafka_idemp_pid_timer_restart_in(
+                                    rk, RD_KAFKA_IDEMP_TRANSPORT_RETRY_MS,
+                                    "No broker up yet");
+                        else
+                                rd_kafka_idemp_pid_timer_restart(
+                                    rk, rd_false,
+                                    rkb ? "No broker available"
+                                        : "Coordinator not up");
 
                         if (rkb)
                                 rd_kafka_broker_destroy(rkb);
@@ -408,6 +426,51 @@ static void rd_kafka_idemp_pid_timer_restart(rd_kafka_t *rk,
                                      rd_true,
                                      1000 * (immediate ? 1 : 500 /*500ms*/),
                                      rd_kafka_idemp_pid_timer_cb, rk);
+}
+
+
+/**
+ * @brief Restart the pid retrieval timer to fire in \p interval_ms
+ *        (wasmrelay patch).
+ *
+ * @locality any
+ * @locks none
+ */
+static void rd_kafka_idemp_pid_timer_restart_in(rd_kafka_t *rk,
+                                                int interval_ms,
+                                                const char *reason) {
+        rd_kafka_dbg(rk, EOS, "TXN", "Starting PID FSM timer (%dms): %s",
+                     interval_ms, reason);
+        rd_kafka_timer_start_oneshot(&rk->rk_timers, &rk->rk_eos.pid_tmr,
+                                     rd_true, 1000 * interval_ms,
+                                     rd_kafka_idemp_pid_timer_cb, rk);
+}
+
+
+/**
+ * @brief A broker connection came up: an idempotent producer waiting for
+ *        one to acquire its PID asks now, not at its timer's next tick
+ *        (wasmrelay patch; the transactional producer has the coordinator
+ *        monitor for this).
+ *
+ * @locality broker thread
+ * @locks none
+ */
+void rd_kafka_idemp_broker_up(rd_kafka_t *rk) {
+        rd_bool_t waiting;
+
+        if (rk->rk_type != RD_KAFKA_PRODUCER || !rd_kafka_is_idempotent(rk) ||
+            rd_kafka_is_transactional(rk) || rd_kafka_terminating(rk))
+                return;
+
+        rd_kafka_rdlock(rk);
+        waiting =
+            rk->rk_eos.idemp_state == RD_KAFKA_IDEMP_STATE_WAIT_TRANSPORT;
+        rd_kafka_rdunlock(rk);
+
+        if (waiting)
+                rd_kafka_idemp_pid_timer_restart(rk, rd_true,
+                                                 "A broker connection is up");
 }
 
 

@@ -137,6 +137,7 @@ rd_bool_t rd_kafka_idemp_check_error(rd_kafka_t *rk,
         } while (0)
 
 void rd_kafka_idemp_start(rd_kafka_t *rk, rd_bool_t immediate);
+void rd_kafka_idemp_broker_up(rd_kafka_t *rk);
 void rd_kafka_idemp_init(rd_kafka_t *rk);
 void rd_kafka_idemp_term(rd_kafka_t *rk);
 
