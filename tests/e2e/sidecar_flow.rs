@@ -852,24 +852,7 @@ service_call = ["passthrough", "json-enrich"]
     // whole partitions ready and the batches are large.
     kafka.produce("raw", records).await;
     let relay = RelayProcess::start(&config, &[]);
-
-    let cooked = kafka
-        .consume_all(
-            "cooked",
-            (COUNT - COUNT / 10) as usize,
-            Duration::from_secs(120),
-        )
-        .await;
-    let dead = kafka
-        .consume_all("raw.dlq", (COUNT / 10) as usize, Duration::from_secs(60))
-        .await;
-    assert_eq!(
-        cooked.len() as u64,
-        COUNT - COUNT / 10,
-        "relay log:\n{}",
-        relay.log()
-    );
-    assert_eq!(dead.len() as u64, COUNT / 10, "relay log:\n{}", relay.log());
+    let (cooked, dead) = cooked_and_dead(&kafka, COUNT, &relay).await;
 
     // Each key's records in order: the output of a key is in one partition.
     let mut cooked = cooked;
@@ -907,11 +890,81 @@ service_call = ["passthrough", "json-enrich"]
         "{calls} json-enrich calls for {COUNT} records: not batched"
     );
 
+    commit_reaches(&kafka, "transform-batches", "raw", COUNT, &relay).await;
+}
+
+/// A transform flow's batch is enqueued as one group: an output Kafka
+/// refuses (here larger than the link's `message.max.bytes`) is
+/// dead-lettered alone at stage `produce` (without its message, which is
+/// too large for the dead-letter topic too), the records enqueued with it
+/// are written, and the commit reaches the end of every partition.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_transform_output_kafka_refuses_is_dead_lettered_alone_and_its_batch_goes_on() {
+    const COUNT: u64 = 300;
+    let kafka = Tansu::start();
+    kafka.create_topic("raw", 3).await;
+    let config = transform_config(
+        &kafka,
+        r#"
+name = "refusals"
+group = "transform-refusals"
+service_call = ["json-enrich"]
+"#,
+    )
+    .replace(
+        r#""fetch.wait.max.ms" = "10""#,
+        r#""fetch.wait.max.ms" = "10"
+"message.max.bytes" = "2000""#,
+    );
+    // Every 10th record is larger than the relay may produce.
+    let records: Vec<TestRecord> = (0..COUNT)
+        .map(|n| {
+            let pad = if n % 10 == 7 { 3_000 } else { 10 };
+            TestRecord::keyed(
+                format!("k{}", n % 30),
+                json!({"n": n, "pad": "x".repeat(pad)}).to_string(),
+            )
+        })
+        .collect();
+    // Produced before the relay starts: its batches are large.
+    kafka.produce("raw", records).await;
+    let relay = RelayProcess::start(&config, &[]);
+    let (cooked, dead) = cooked_and_dead(&kafka, COUNT, &relay).await;
+    let mut seen = HashSet::new();
+    for record in &cooked {
+        let value = value_json(record.value.as_deref().unwrap());
+        assert_eq!(value["stage"], "transformed");
+        let n = value["n"].as_u64().unwrap();
+        assert_ne!(n % 10, 7, "a record over the limit was written: {n}");
+        assert!(seen.insert(n), "written twice: {n}");
+    }
+    let mut dead_offsets = HashSet::new();
+    for record in &dead {
+        assert_eq!(header_str(record, "wasmrelay-dlq-stage"), "produce");
+        let reason = header_str(record, "wasmrelay-dlq-reason");
+        assert!(reason.contains("too large"), "{reason}");
+        assert!(
+            header_str(record, "wasmrelay-dlq-dropped").contains("too large"),
+            "the message is dropped from the dead letter"
+        );
+        assert!(dead_offsets.insert(header_str(record, "wasmrelay-delivery-id")));
+    }
+    assert_eq!(
+        relay.metric(r#"wasmrelay_messages_dead_lettered_total{flow="refusals"}"#),
+        COUNT / 10
+    );
+    commit_reaches(&kafka, "transform-refusals", "raw", COUNT, &relay).await;
+}
+
+/// Waits (up to a minute) until `group`'s commits on `topic` add up to
+/// `count` records (the end of every partition of a topic filled with
+/// `count`).
+async fn commit_reaches(kafka: &Tansu, group: &str, topic: &str, count: u64, relay: &RelayProcess) {
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
-        let committed = kafka.committed_offsets("transform-batches", "raw").await;
-        if committed.values().sum::<i64>() == COUNT as i64 {
-            break;
+        let committed = kafka.committed_offsets(group, topic).await;
+        if committed.values().sum::<i64>() == count as i64 {
+            return;
         }
         assert!(
             Instant::now() < deadline,
@@ -920,4 +973,32 @@ service_call = ["passthrough", "json-enrich"]
         );
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
+}
+
+/// Reads what a transform flow over `count` records wrote, one in ten of
+/// them dead-lettered: the outputs (`cooked`) and the dead letters
+/// (`raw.dlq`), each checked complete.
+async fn cooked_and_dead(
+    kafka: &Tansu,
+    count: u64,
+    relay: &RelayProcess,
+) -> (Vec<ConsumedRecord>, Vec<ConsumedRecord>) {
+    let cooked = kafka
+        .consume_all(
+            "cooked",
+            (count - count / 10) as usize,
+            Duration::from_secs(120),
+        )
+        .await;
+    let dead = kafka
+        .consume_all("raw.dlq", (count / 10) as usize, Duration::from_secs(60))
+        .await;
+    assert_eq!(
+        cooked.len() as u64,
+        count - count / 10,
+        "relay log:\n{}",
+        relay.log()
+    );
+    assert_eq!(dead.len() as u64, count / 10, "relay log:\n{}", relay.log());
+    (cooked, dead)
 }

@@ -25,10 +25,10 @@ use tokio_util::sync::CancellationToken;
 use super::chain::{BatchResult, PluginChain};
 use super::dead_letter::{DROPPED_HEADER, Stage, dead_letter_record, without_the_message};
 use super::origin::OriginHeaders;
-use super::retry::{Retried, failure_reason, retry_after};
+use super::retry::{Attempt, Retried, failure_reason, retry_after};
 use super::target::{Delivery, DeliveryEnd, DeliveryTarget};
 use crate::config::RetryConfig;
-use crate::kafka::consumer::{Completion, Handling, MessageHandler, Outcome};
+use crate::kafka::consumer::{BatchHandling, Completion, Handling, MessageHandler, Outcome};
 use crate::kafka::producer::Ack;
 use crate::kafka::{InputRecord, OutputRecord};
 use crate::link::KafkaLink;
@@ -129,7 +129,7 @@ impl MessageHandler for FlowMessageHandler {
         &self,
         records: Vec<InputRecord>,
         abort: CancellationToken,
-    ) -> BoxFuture<'static, Vec<Handling>> {
+    ) -> BoxFuture<'static, BatchHandling> {
         let flow = self.flow.clone();
         async move { flow.handle_batch_in_order(records, abort).await }.boxed()
     }
@@ -156,6 +156,23 @@ enum BatchMessage {
     Lost,
 }
 
+/// The records of a batch that its batch step finished: their places in
+/// the batch, the inputs, and the outputs of each to enqueue.
+#[derive(Default)]
+struct Together {
+    places: Vec<usize>,
+    inputs: Vec<InputRecord>,
+    outputs: Vec<Vec<OutputRecord>>,
+}
+
+impl Together {
+    fn push(&mut self, place: usize, input: InputRecord, outputs: Vec<OutputRecord>) {
+        self.places.push(place);
+        self.inputs.push(input);
+        self.outputs.push(outputs);
+    }
+}
+
 fn abandoned() -> Completion {
     async { Outcome::Abandoned }.boxed()
 }
@@ -175,22 +192,20 @@ fn take_original(input: &mut InputRecord) -> OutputRecord {
 
 impl FlowHandler {
     /// The first attempt at the service-call chain for every record of a
-    /// batch, in one plugin call per plugin; then each record's own ordered
-    /// part, starting from that attempt (a record it did not settle runs its
-    /// chain again alone, with retries).
+    /// batch, in one plugin call per plugin. A transform flow's records
+    /// that it settled (their outputs made, no data-return chain) are
+    /// enqueued at once, in order, as one group whose acknowledgements
+    /// complete them together; every other record goes on alone with its
+    /// own ordered part, starting from that attempt (a record it did not
+    /// settle runs its chain again alone, with retries).
     async fn handle_batch_in_order(
         self: Arc<Self>,
         mut inputs: Vec<InputRecord>,
         abort: CancellationToken,
-    ) -> Vec<Handling> {
+    ) -> BatchHandling {
         // Counted from here: the batch's call is part of each record's work.
-        let held: Vec<HeldGauge> = inputs
-            .iter()
-            .map(|_| {
-                self.metrics.consumed.inc();
-                HeldGauge::hold(&self.metrics.in_progress)
-            })
-            .collect();
+        self.metrics.consumed.inc_by(inputs.len() as u64);
+        let mut in_progress = HeldGauge::hold_many(&self.metrics.in_progress, inputs.len());
         let (first_attempts, messages): (Vec<BatchResult>, Vec<BatchMessage>) =
             if self.service_call.is_empty() {
                 inputs.iter().map(|_| (None, BatchMessage::InInput)).unzip()
@@ -205,23 +220,125 @@ impl FlowHandler {
                     .map(|message| message.map_or(BatchMessage::Lost, BatchMessage::Back));
                 (results, given.collect())
             };
-        inputs
+        // Only a transform flow without a data-return chain has nothing
+        // left to do for a record its first attempt settled.
+        let done_by_the_batch = self.target.is_none() && self.data_return.is_empty();
+        let mut together = Together::default();
+        let mut alone = Vec::new();
+        for (place, ((mut input, first_attempt), message)) in inputs
             .into_iter()
             .zip(first_attempts)
             .zip(messages)
-            .zip(held)
-            .map(|(((input, first_attempt), message), in_progress)| {
-                let flow = self.clone();
-                let abort = abort.clone();
-                let started = Started {
-                    in_progress,
-                    first_attempt,
-                    message,
-                };
-                // As in `handle`: the ordered part yields the completion.
-                flow.handle_in_order(input, abort, Some(started)).boxed()
-            })
-            .collect()
+            .enumerate()
+        {
+            let outputs = match (first_attempt, message) {
+                (Some(Attempt::Success(outputs)), _) if done_by_the_batch => Ok(outputs),
+                (None, BatchMessage::InInput)
+                    if done_by_the_batch && self.service_call.is_empty() =>
+                {
+                    Ok(vec![take_original(&mut input)])
+                }
+                other => Err(other),
+            };
+            match outputs {
+                Ok(outputs) => together.push(place, input, outputs),
+                Err((first_attempt, message)) => {
+                    let started = Started {
+                        in_progress: in_progress.split(1),
+                        first_attempt,
+                        message,
+                    };
+                    // As in `handle`: the ordered part yields the completion.
+                    let handling = self
+                        .clone()
+                        .handle_in_order(input, abort.clone(), Some(started))
+                        .boxed();
+                    alone.push((place, handling));
+                }
+            }
+        }
+        let together = if together.places.is_empty() {
+            None
+        } else {
+            let places = std::mem::take(&mut together.places);
+            let completion = self.enqueue_together(together, in_progress, abort).await;
+            Some((places, completion))
+        };
+        BatchHandling { together, alone }
+    }
+
+    /// Enqueues the outputs of `together`'s records in order, as one group,
+    /// and returns the completion of all of them: each one's outcome once
+    /// Kafka has acknowledged the group (a refused output dead-lettered,
+    /// as in [`FlowHandler::complete`]). Records not wholly enqueued when
+    /// the work is aborted (waiting for room in the producer's queue) are
+    /// abandoned. `in_progress`: the records' gauge, given back with the
+    /// completion.
+    async fn enqueue_together(
+        self: &Arc<Self>,
+        together: Together,
+        in_progress: HeldGauge,
+        abort: CancellationToken,
+    ) -> BoxFuture<'static, Vec<Outcome>> {
+        let Together {
+            inputs, outputs, ..
+        } = together;
+        let producer = self.link.producer();
+        let mut group = producer.group(outputs.iter().map(Vec::len).sum());
+        // Each output with the place of its record.
+        let mut produced: Vec<(usize, OutputRecord)> = Vec::with_capacity(outputs.len());
+        // Records whose outputs are all enqueued (the first ones).
+        let mut enqueued = inputs.len();
+        'records: for (place, (input, records)) in inputs.iter().zip(outputs).enumerate() {
+            let origin = OriginHeaders::of(input);
+            let (origin, count) = origin.pairs();
+            for record in records {
+                if !group.enqueue_now(&self.output_topic, &record, &origin[..count]) {
+                    tokio::select! {
+                        _ = abort.cancelled() => {
+                            enqueued = place;
+                            break 'records;
+                        }
+                        () = group.enqueue(&self.output_topic, &record, &origin[..count]) => {}
+                    }
+                }
+                produced.push((place, record));
+            }
+        }
+        let acks = group.acks();
+        let awaiting_ack = HeldGauge::hold_many(&self.metrics.awaiting_ack, inputs.len());
+        let flow = self.clone();
+        async move {
+            let _held = (in_progress, awaiting_ack);
+            let results = acks.await;
+            let mut outcomes: Vec<Outcome> = (0..inputs.len())
+                .map(|place| {
+                    if place < enqueued {
+                        Outcome::Finished
+                    } else {
+                        Outcome::Abandoned
+                    }
+                })
+                .collect();
+            let mut returned = 0;
+            for ((place, record), result) in produced.into_iter().zip(results) {
+                match result {
+                    Ok(_) => returned += 1,
+                    Err(_) if outcomes[place] == Outcome::Abandoned => {}
+                    Err(error) => {
+                        let reason = format!("producing to `{}`: {error}", flow.output_topic);
+                        let record =
+                            flow.dead_letter(record, &inputs[place], &Stage::Produce, &reason);
+                        if !Box::pin(flow.write_dead_letter(record, &abort)).await {
+                            outcomes[place] = Outcome::Abandoned;
+                        }
+                    }
+                }
+            }
+            flow.metrics.returned.inc_by(returned);
+            outcomes
+        }
+        .boxed()
     }
 
     /// The ordered part: chains and application delivery; produces are

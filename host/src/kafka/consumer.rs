@@ -71,20 +71,54 @@ pub trait MessageHandler: Send + Sync + 'static {
     /// Handles records of one partition that are ready together (none of
     /// them waits for another under the flow's [`DeliveryOrder`]), in one
     /// task: resolves, once the work done for all of them at once is done
-    /// (e.g. one plugin call per chain), to each record's remaining ordered
-    /// part, in the order given, each like the future
-    /// [`MessageHandler::handle`] returns. The default hands each record to
-    /// `handle`.
+    /// (e.g. one plugin call per chain), to what remains of each record
+    /// ([`BatchHandling`]). The default hands each record to `handle`.
     fn handle_batch(
         &self,
         records: Vec<InputRecord>,
         abort: CancellationToken,
-    ) -> BoxFuture<'static, Vec<Handling>> {
-        let handlings = records
+    ) -> BoxFuture<'static, BatchHandling> {
+        let alone = records
             .into_iter()
             .map(|record| self.handle(record, abort.clone()))
+            .enumerate()
             .collect();
-        Box::pin(std::future::ready(handlings))
+        Box::pin(std::future::ready(BatchHandling {
+            together: None,
+            alone,
+        }))
+    }
+}
+
+/// What remains of a batch's records once its batch step is done.
+pub struct BatchHandling {
+    /// The records (by place in the batch, ascending) whose ordered part
+    /// the batch step has done, with one completion for all of them: each
+    /// one's outcome, in the same order. A transform flow's records whose
+    /// outputs are enqueued: one wake-up when Kafka has acknowledged them
+    /// all, not one a record.
+    pub together: Option<(Vec<usize>, BoxFuture<'static, Vec<Outcome>>)>,
+    /// Each other record's remaining ordered part, like the future
+    /// [`MessageHandler::handle`] returns, by place in the batch.
+    pub alone: Vec<(usize, Handling)>,
+}
+
+impl std::fmt::Debug for BatchHandling {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("BatchHandling")
+            .field(
+                "together",
+                &self.together.as_ref().map(|(places, _)| places),
+            )
+            .field(
+                "alone",
+                &self
+                    .alone
+                    .iter()
+                    .map(|(place, _)| place)
+                    .collect::<Vec<_>>(),
+            )
+            .finish()
     }
 }
 
@@ -189,7 +223,7 @@ impl std::fmt::Debug for PartitionedConsumer {
 }
 
 struct Lane {
-    tx: mpsc::UnboundedSender<InputRecord>,
+    tx: mpsc::UnboundedSender<Vec<InputRecord>>,
     backlog: Arc<Backlog>,
     /// Started and not yet completed.
     active: Arc<AtomicUsize>,
@@ -404,9 +438,7 @@ impl Shared {
                 // Held records go first, in the order polled (also those
                 // held while the gate closed and opened within one poll).
                 let held = self.held.lock().map(|mut held| std::mem::take(&mut *held));
-                for record in held.unwrap_or_default() {
-                    self.dispatch(consumer, record);
-                }
+                self.dispatch(consumer, held.unwrap_or_default());
                 if gated {
                     gated = false;
                     self.pause_assignment(consumer, false);
@@ -415,14 +447,18 @@ impl Shared {
             }
             match consumer.poll(Duration::from_millis(50)) {
                 Some(Ok(message)) => {
-                    self.take(consumer, message, &mut gated);
+                    let mut polled = Vec::with_capacity(POLL_BATCH);
+                    self.take(consumer, message, &mut gated, &mut polled);
                     // Then what librdkafka has ready now, up to a batch:
-                    // the bookkeeping after the loop (finished offsets,
-                    // rejoining, resuming lanes) is done once a batch, not
-                    // once a record.
+                    // the records go to their lanes together (one message
+                    // and at most one wake-up a lane), and the bookkeeping
+                    // after the loop (finished offsets, rejoining, resuming
+                    // lanes) is done once a batch, not once a record.
                     for _ in 1..POLL_BATCH {
                         match consumer.poll(Duration::ZERO) {
-                            Some(Ok(message)) => self.take(consumer, message, &mut gated),
+                            Some(Ok(message)) => {
+                                self.take(consumer, message, &mut gated, &mut polled);
+                            }
                             Some(Err(error)) => {
                                 self.poll_failed(&error, &mut last_error);
                                 break;
@@ -430,6 +466,7 @@ impl Shared {
                             None => break,
                         }
                     }
+                    self.dispatch(consumer, polled);
                 }
                 Some(Err(error)) => self.poll_failed(&error, &mut last_error),
                 None => {}
@@ -443,13 +480,15 @@ impl Shared {
         self.shut_down(consumer)
     }
 
-    /// A polled message: dispatched to its lane, or held (its partition
-    /// paused) while the gate is closed.
+    /// A polled message: to `polled` (dispatched to its lane with the rest
+    /// of the poll's batch), or held (its partition paused) while the gate
+    /// is closed.
     fn take(
         self: &Arc<Self>,
         consumer: &RelayBaseConsumer,
         message: BorrowedMessage<'_>,
         gated: &mut bool,
+        polled: &mut Vec<InputRecord>,
     ) {
         let record = InputRecord::from_borrowed(&message, &self.topic);
         // librdkafka's buffer goes back before any wait for a full lane.
@@ -464,7 +503,7 @@ impl Shared {
                 held.push(record);
             }
         } else {
-            self.dispatch(consumer, record);
+            polled.push(record);
         }
     }
 
@@ -541,47 +580,80 @@ impl Shared {
         }
     }
 
-    fn dispatch(self: &Arc<Self>, consumer: &RelayBaseConsumer, record: InputRecord) {
-        let partition = record.partition;
+    /// Sends polled records (in poll order) to their partitions' lanes,
+    /// each lane's in one message; then waits for a lane left full (the
+    /// poll thread's back-pressure), or pauses its partition.
+    fn dispatch(self: &Arc<Self>, consumer: &RelayBaseConsumer, records: Vec<InputRecord>) {
+        if records.is_empty() {
+            return;
+        }
         if let Ok(mut offsets) = self.offsets.lock() {
-            offsets
-                .entry(partition)
-                .or_default()
-                .consumed(record.offset);
+            for record in &records {
+                offsets
+                    .entry(record.partition)
+                    .or_default()
+                    .consumed(record.offset);
+            }
         }
-        self.consumed.fetch_add(1, Ordering::Relaxed);
+        self.consumed.fetch_add(records.len(), Ordering::Relaxed);
         if let Ok(mut positions) = self.positions.lock() {
-            let next = positions.entry(partition).or_insert(0);
-            *next = (*next).max(record.offset + 1);
+            for record in &records {
+                let next = positions.entry(record.partition).or_insert(0);
+                *next = (*next).max(record.offset + 1);
+            }
         }
-        let backlog = {
+        // Each partition's records, in poll order, and their bytes.
+        let mut by_partition: Vec<(i32, Vec<InputRecord>, usize)> = Vec::new();
+        for record in records {
+            let size = record.size_bytes();
+            match by_partition
+                .iter_mut()
+                .find(|(partition, ..)| *partition == record.partition)
+            {
+                Some((_, batch, bytes)) => {
+                    batch.push(record);
+                    *bytes += size;
+                }
+                None => by_partition.push((record.partition, vec![record], size)),
+            }
+        }
+        let mut full = Vec::new();
+        {
             let Ok(mut lanes) = self.lanes.lock() else {
                 return;
             };
-            let lane = lanes
-                .entry(partition)
-                .or_insert_with(|| self.spawn_lane(partition));
-            let size = record.size_bytes();
-            lane.backlog.add(size);
-            if lane.tx.send(record).is_err() {
-                // The worker is gone (abandoned partition); the record stays
-                // uncommitted and is consumed again.
-                lane.backlog.remove(size);
+            for (partition, batch, bytes) in by_partition {
+                let lane = lanes
+                    .entry(partition)
+                    .or_insert_with(|| self.spawn_lane(partition));
+                let count = batch.len();
+                lane.backlog.add(count, bytes);
+                if lane.tx.send(batch).is_err() {
+                    // The worker is gone (abandoned partition); the records
+                    // stay uncommitted and are consumed again.
+                    lane.backlog.remove(count, bytes);
+                }
+                if !lane.paused && !lane.unpausable && self.is_full(&lane.backlog) {
+                    full.push((partition, lane.backlog.clone()));
+                }
             }
-            if lane.paused || lane.unpausable || !self.is_full(&lane.backlog) {
-                return;
-            }
-            lane.backlog.clone()
-        };
-        // A lane that is merely behind drains within moments: waiting for
-        // it keeps what librdkafka fetched ahead, where a pause would
-        // throw it away (to fetch it all again on resuming). librdkafka's
-        // own read-ahead bound holds the fetcher meanwhile.
+        }
+        for (partition, backlog) in full {
+            self.wait_for_full_lane(consumer, partition, &backlog);
+        }
+    }
+
+    /// A lane that is merely behind drains within moments: waiting for it
+    /// keeps what librdkafka fetched ahead, where a pause would throw it
+    /// away (to fetch it all again on resuming). librdkafka's own
+    /// read-ahead bound holds the fetcher meanwhile. A lane still full
+    /// after [`FULL_LANE_WAIT`] has its partition paused.
+    fn wait_for_full_lane(&self, consumer: &RelayBaseConsumer, partition: i32, backlog: &Backlog) {
         let waited = Instant::now();
-        while self.is_full(&backlog) && waited.elapsed() < FULL_LANE_WAIT {
+        while self.is_full(backlog) && waited.elapsed() < FULL_LANE_WAIT {
             std::thread::sleep(FULL_LANE_POLL);
         }
-        if !self.is_full(&backlog) {
+        if !self.is_full(backlog) {
             return;
         }
         // Stuck (a key whose record does not finish, an application that
@@ -646,7 +718,7 @@ impl Shared {
     }
 
     fn spawn_lane(self: &Arc<Self>, partition: i32) -> Lane {
-        let (tx, rx) = mpsc::unbounded_channel::<InputRecord>();
+        let (tx, rx) = mpsc::unbounded_channel::<Vec<InputRecord>>();
         let lane = LaneContext {
             partition,
             order: self.options.order,

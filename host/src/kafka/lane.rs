@@ -122,16 +122,16 @@ pub(super) struct Backlog {
 }
 
 impl Backlog {
-    /// A record was sent to the lane.
-    pub(super) fn add(&self, size_bytes: usize) {
-        self.records.fetch_add(1, Ordering::Relaxed);
-        self.bytes.fetch_add(size_bytes, Ordering::Relaxed);
+    /// `records` of `bytes` together were sent to the lane.
+    pub(super) fn add(&self, records: usize, bytes: usize) {
+        self.records.fetch_add(records, Ordering::Relaxed);
+        self.bytes.fetch_add(bytes, Ordering::Relaxed);
     }
 
-    /// A record was started (or will never be).
-    pub(super) fn remove(&self, size_bytes: usize) {
-        self.records.fetch_sub(1, Ordering::Relaxed);
-        self.bytes.fetch_sub(size_bytes, Ordering::Relaxed);
+    /// `records` of `bytes` together were started (or will never be).
+    pub(super) fn remove(&self, records: usize, bytes: usize) {
+        self.records.fetch_sub(records, Ordering::Relaxed);
+        self.bytes.fetch_sub(bytes, Ordering::Relaxed);
     }
 
     /// Records waiting.
@@ -183,7 +183,7 @@ impl LaneContext {
     /// without a task or a message in between, and the lane itself waits
     /// for its completion (with the others', in [`Waiting`]). Only an
     /// ordered part that has to wait gets a task of its own.
-    pub(super) async fn run(self, mut records: mpsc::UnboundedReceiver<InputRecord>) {
+    pub(super) async fn run(self, mut records: mpsc::UnboundedReceiver<Vec<InputRecord>>) {
         let most = self.handler.batch_size().max(1);
         // Records made ready in one step: a batch, and at least a few, so
         // that one wake-up starts several records handled one by one.
@@ -195,7 +195,7 @@ impl LaneContext {
             waiting: FuturesUnordered::new(),
             batches_in_step: 0,
         };
-        let (slot_free_tx, mut slot_free) = mpsc::unbounded_channel::<Slot>();
+        let (slot_free_tx, mut slot_free) = mpsc::unbounded_channel::<Freed>();
         let (step_done_tx, mut step_done) = mpsc::unbounded_channel::<()>();
         loop {
             tokio::select! {
@@ -207,19 +207,23 @@ impl LaneContext {
                         lane.batches_in_step -= 1;
                     }
                 }
-                Some(slot) = slot_free.recv() => {
-                    free(slot, &mut lane.busy, &mut lane.ready);
+                Some(freed) = slot_free.recv() => {
+                    freed.free(&mut lane.busy, &mut lane.ready);
                     while lane.ready.len() < admitted {
-                        let Ok(slot) = slot_free.try_recv() else { break };
-                        free(slot, &mut lane.busy, &mut lane.ready);
+                        let Ok(freed) = slot_free.try_recv() else { break };
+                        freed.free(&mut lane.busy, &mut lane.ready);
                     }
                 }
-                record = records.recv() => {
-                    let Some(record) = record else { break };
-                    self.admit(record, &mut lane.busy, &mut lane.ready);
-                    while lane.ready.len() < admitted {
-                        let Ok(record) = records.try_recv() else { break };
+                arrived = records.recv() => {
+                    let Some(arrived) = arrived else { break };
+                    for record in arrived {
                         self.admit(record, &mut lane.busy, &mut lane.ready);
+                    }
+                    while lane.ready.len() < admitted {
+                        let Ok(arrived) = records.try_recv() else { break };
+                        for record in arrived {
+                            self.admit(record, &mut lane.busy, &mut lane.ready);
+                        }
                     }
                 }
                 Some(done) = lane.waiting.next(), if !lane.waiting.is_empty() => {
@@ -280,7 +284,7 @@ impl LaneContext {
     async fn start(
         &self,
         lane: &mut LaneState,
-        slot_free: &mpsc::UnboundedSender<Slot>,
+        slot_free: &mpsc::UnboundedSender<Freed>,
         step_done: &mpsc::UnboundedSender<()>,
     ) -> bool {
         let most = self.handler.batch_size().max(1);
@@ -303,16 +307,15 @@ impl LaneContext {
             if most == 1 {
                 // One record (`wanted` was 1).
                 if let Some((record, slot)) = lane.ready.pop_front() {
-                    self.backlog.remove(record.size_bytes());
+                    self.backlog.remove(1, record.size_bytes());
                     self.start_one(lane, record, slot, (pending, in_flight), slot_free);
                     // Records handled at once do not yield on their own.
                     tokio::task::consume_budget().await;
                 }
             } else {
                 let taken: Vec<_> = lane.ready.drain(..taken).collect();
-                for (record, _) in &taken {
-                    self.backlog.remove(record.size_bytes());
-                }
+                let bytes = taken.iter().map(|(record, _)| record.size_bytes()).sum();
+                self.backlog.remove(taken.len(), bytes);
                 let started = Started {
                     settled: lane.settled.clone(),
                     slot_free: slot_free.clone(),
@@ -375,7 +378,7 @@ impl LaneContext {
         record: InputRecord,
         slot: Option<Slot>,
         (pending, in_flight): (OwnedSemaphorePermit, OwnedSemaphorePermit),
-        slot_free: &mpsc::UnboundedSender<Slot>,
+        slot_free: &mpsc::UnboundedSender<Freed>,
     ) {
         let offset = record.offset;
         let mut handling = self.handler.handle(record, self.abort.clone());
@@ -406,8 +409,10 @@ impl LaneContext {
     }
 
     /// Hands `taken` to the handler as one batch and runs what remains of
-    /// each record in one task, each with its own permits. `in_step` is
-    /// let go once the batch step is done (or the task is dropped).
+    /// each record in one task: the records the batch step finished share
+    /// one completion (and give their slots back at once), the others go on
+    /// each with its own permits. `in_step` is let go once the batch step
+    /// is done (or the task is dropped).
     fn start_batch(
         &self,
         taken: Vec<(InputRecord, Option<Slot>)>,
@@ -424,12 +429,39 @@ impl LaneContext {
         }
         let batch = self.handler.handle_batch(records, self.abort.clone());
         self.tasks.spawn(async move {
-            let handlings = batch.await;
+            let handled = batch.await;
             drop(in_step);
-            let mut each: FuturesUnordered<_> = handlings
+            let together = handled.together.map(|(places, completion)| {
+                let count = places.len();
+                // Their ordered part is done: their in-flight permits and
+                // their slots go back now, their pending permits once
+                // their completion is settled.
+                drop(in_flight.split(count));
+                let pending = pending
+                    .split(count)
+                    .expect("a pending permit for each record");
+                let slots: Vec<Slot> = places
+                    .iter()
+                    .filter_map(|&place| positions.get(place).and_then(|(_, slot)| *slot))
+                    .collect();
+                if !slots.is_empty() {
+                    let _ = started.slot_free.send(Freed::Many(slots));
+                }
+                let offsets: Vec<i64> = places
+                    .iter()
+                    .filter_map(|&place| positions.get(place).map(|(offset, _)| *offset))
+                    .collect();
+                let settled = started.settled.clone();
+                async move {
+                    let outcomes = completion.await;
+                    settled.settle_many(&offsets, &outcomes, pending);
+                }
+            });
+            let mut each: FuturesUnordered<_> = handled
+                .alone
                 .into_iter()
-                .zip(positions)
-                .map(|(handling, (offset, slot))| {
+                .map(|(place, handling)| {
+                    let (offset, slot) = positions[place];
                     // As many permits of each as records taken: one each.
                     let permits = (
                         pending.split(1).expect("a pending permit for each record"),
@@ -440,7 +472,13 @@ impl LaneContext {
                     started.run(handling, offset, slot, permits)
                 })
                 .collect();
-            while each.next().await.is_some() {}
+            let alone = async { while each.next().await.is_some() {} };
+            match together {
+                Some(together) => {
+                    futures::join!(together, alone);
+                }
+                None => alone.await,
+            }
         });
     }
 }
@@ -497,6 +535,19 @@ struct Settled {
 }
 
 impl Settled {
+    /// Completions of several records done together: each one's outcome,
+    /// in the order of `offsets` (an outcome missing counts as abandoned),
+    /// then their pending permits given back.
+    fn settle_many(&self, offsets: &[i64], outcomes: &[Outcome], pending: OwnedSemaphorePermit) {
+        for (offset, outcome) in offsets.iter().zip(outcomes) {
+            if *outcome == Outcome::Finished {
+                let _ = self.finished_tx.send((self.partition, *offset));
+            }
+        }
+        self.active.fetch_sub(offsets.len(), Ordering::Relaxed);
+        drop(pending);
+    }
+
     /// A record's completion is done: reported finished (if it is), then
     /// its pending permit given back.
     fn settle(&self, (offset, outcome, pending): (i64, Outcome, OwnedSemaphorePermit)) {
@@ -513,7 +564,7 @@ impl Settled {
 #[derive(Clone)]
 struct Started {
     settled: Settled,
-    slot_free: mpsc::UnboundedSender<Slot>,
+    slot_free: mpsc::UnboundedSender<Freed>,
 }
 
 impl Started {
@@ -532,10 +583,36 @@ impl Started {
             // The ordered part is done: the slot's next record may start.
             drop(in_flight);
             if let Some(slot) = slot {
-                let _ = started.slot_free.send(slot);
+                let _ = started.slot_free.send(Freed::One(slot));
             }
             let outcome = completion.await;
             started.settled.settle((offset, outcome, pending));
+        }
+    }
+}
+
+/// Slots whose records' ordered parts are done.
+enum Freed {
+    /// One record's.
+    One(Slot),
+    /// A batch's records' (one message for all of them).
+    Many(Vec<Slot>),
+}
+
+impl Freed {
+    /// Makes the next record waiting for each slot ready.
+    fn free(
+        self,
+        busy: &mut HashMap<Slot, VecDeque<InputRecord>>,
+        ready: &mut VecDeque<(InputRecord, Option<Slot>)>,
+    ) {
+        match self {
+            Freed::One(slot) => free(slot, busy, ready),
+            Freed::Many(slots) => {
+                for slot in slots {
+                    free(slot, busy, ready);
+                }
+            }
         }
     }
 }
@@ -586,7 +663,7 @@ mod tests {
     use futures::future::BoxFuture;
 
     use super::*;
-    use crate::kafka::consumer::Completion;
+    use crate::kafka::consumer::{BatchHandling, Completion};
 
     /// Records what ran when: per key, the offsets in the order their
     /// ordered part started, whether two of a key overlapped, and the most
@@ -606,6 +683,8 @@ mod tests {
     struct SlowHandler {
         log: Arc<Mutex<Log>>,
         batch_size: usize,
+        /// Records at even offsets of a batch are done in its batch step.
+        split: bool,
     }
 
     impl MessageHandler for SlowHandler {
@@ -617,14 +696,41 @@ mod tests {
             &self,
             records: Vec<InputRecord>,
             abort: CancellationToken,
-        ) -> BoxFuture<'static, Vec<Handling>> {
+        ) -> BoxFuture<'static, BatchHandling> {
             assert!(records.len() <= self.batch_size, "a batch over its size");
             self.log.lock().unwrap().batches.push(records.len());
-            let handlings = records
+            // With `split`, records at even offsets are done in the batch
+            // step (their ordered parts run there, and they complete
+            // together), the others go on alone, as a transform flow
+            // splits a batch.
+            let split = self.split;
+            let (together, alone): (Vec<_>, Vec<_>) = records
                 .into_iter()
-                .map(|record| self.handle(record, abort.clone()))
+                .map(|record| {
+                    let in_step = split && record.offset % 2 == 0;
+                    (in_step, self.handle(record, abort.clone()))
+                })
+                .enumerate()
+                .partition(|(_, (done_in_step, _))| *done_in_step);
+            let alone = alone
+                .into_iter()
+                .map(|(place, (_, handling))| (place, handling))
                 .collect();
-            async move { handlings }.boxed()
+            async move {
+                let (places, handlings): (Vec<usize>, Vec<Handling>) = together
+                    .into_iter()
+                    .map(|(place, (_, handling))| (place, handling))
+                    .unzip();
+                let together = if places.is_empty() {
+                    None
+                } else {
+                    let completions = futures::future::join_all(handlings).await;
+                    let completion = futures::future::join_all(completions).boxed();
+                    Some((places, completion))
+                };
+                BatchHandling { together, alone }
+            }
+            .boxed()
         }
 
         fn handle(
@@ -693,10 +799,23 @@ mod tests {
         batch_size: usize,
         records: Vec<InputRecord>,
     ) -> (Log, Vec<i64>) {
+        run_lane_in_split_batches(order, max_in_flight, batch_size, false, records).await
+    }
+
+    /// [`run_lane_in_batches`]; with `split`, a batch's records at even
+    /// offsets are done in its batch step and complete together.
+    async fn run_lane_in_split_batches(
+        order: DeliveryOrder,
+        max_in_flight: usize,
+        batch_size: usize,
+        split: bool,
+        records: Vec<InputRecord>,
+    ) -> (Log, Vec<i64>) {
         let log = Arc::new(Mutex::new(Log::default()));
         let handler = Arc::new(SlowHandler {
             log: log.clone(),
             batch_size,
+            split,
         });
         let finished = run_lane_with(handler, order, max_in_flight, 1_000, records).await;
         let log = std::mem::take(&mut *log.lock().unwrap());
@@ -727,7 +846,7 @@ mod tests {
     /// A lane of partition 0 running in `tasks`, with `records` sent to it
     /// (and its sender kept, so it runs until stopped).
     struct TestLane {
-        records: mpsc::UnboundedSender<InputRecord>,
+        records: mpsc::UnboundedSender<Vec<InputRecord>>,
         finished: mpsc::UnboundedReceiver<(i32, i64)>,
         tasks: TaskTracker,
         stop_taking: CancellationToken,
@@ -760,8 +879,8 @@ mod tests {
             };
             let (tx, rx) = mpsc::unbounded_channel();
             for record in records {
-                lane.backlog.add(record.size_bytes());
-                tx.send(record).unwrap();
+                lane.backlog.add(1, record.size_bytes());
+                tx.send(vec![record]).unwrap();
             }
             let test_lane = TestLane {
                 records: tx,
@@ -930,6 +1049,7 @@ mod tests {
         let handler = Arc::new(SlowHandler {
             log: log.clone(),
             batch_size: 1,
+            split: false,
         });
         let lane = TestLane::start(handler, DeliveryOrder::Key, 1, 1_000, keyed(100, 100));
         tokio::time::sleep(Duration::from_millis(20)).await;
@@ -963,22 +1083,26 @@ mod tests {
             &self,
             records: Vec<InputRecord>,
             abort: CancellationToken,
-        ) -> BoxFuture<'static, Vec<Handling>> {
+        ) -> BoxFuture<'static, BatchHandling> {
             self.batches
                 .lock()
                 .unwrap()
                 .push(records.iter().map(|r| r.offset).collect());
             let gate =
                 (!self.first_taken.swap(true, Ordering::SeqCst)).then(|| self.release.clone());
-            let handlings = records
+            let alone = records
                 .into_iter()
                 .map(|record| self.handle(record, abort.clone()))
+                .enumerate()
                 .collect();
             async move {
                 if let Some(gate) = gate {
                     gate.notified().await;
                 }
-                handlings
+                BatchHandling {
+                    together: None,
+                    alone,
+                }
             }
             .boxed()
         }
@@ -1011,8 +1135,8 @@ mod tests {
         // Nine more arrive one by one while the first batch is in its step.
         for offset in 1..10 {
             let late = record(offset, None);
-            lane.backlog.add(late.size_bytes());
-            lane.records.send(late).unwrap();
+            lane.backlog.add(1, late.size_bytes());
+            lane.records.send(vec![late]).unwrap();
             tokio::time::sleep(Duration::from_millis(2)).await;
         }
         assert_eq!(
@@ -1032,27 +1156,128 @@ mod tests {
         lane.tasks.wait().await;
     }
 
+    /// Takes batches of up to 8, each record of which the batch step
+    /// finishes, with one completion for the batch that waits for
+    /// `release` and then abandons the records at offsets in `abandon`.
+    struct Together {
+        release: Arc<tokio::sync::Notify>,
+        abandon: Vec<i64>,
+    }
+
+    impl MessageHandler for Together {
+        fn batch_size(&self) -> usize {
+            8
+        }
+
+        fn handle_batch(
+            &self,
+            records: Vec<InputRecord>,
+            _abort: CancellationToken,
+        ) -> BoxFuture<'static, BatchHandling> {
+            let outcomes: Vec<Outcome> = records
+                .iter()
+                .map(|record| {
+                    if self.abandon.contains(&record.offset) {
+                        Outcome::Abandoned
+                    } else {
+                        Outcome::Finished
+                    }
+                })
+                .collect();
+            let release = self.release.clone();
+            let completion = async move {
+                release.notified().await;
+                outcomes
+            }
+            .boxed();
+            let places = (0..records.len()).collect();
+            async move {
+                BatchHandling {
+                    together: Some((places, completion)),
+                    alone: Vec::new(),
+                }
+            }
+            .boxed()
+        }
+
+        fn handle(&self, _record: InputRecord, _abort: CancellationToken) -> Handling {
+            unreachable!("every record comes in a batch")
+        }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn records_completed_together_free_their_keys_at_once_and_settle_each() {
+        let release = Arc::new(tokio::sync::Notify::new());
+        let handler = Arc::new(Together {
+            release: release.clone(),
+            abandon: vec![2, 5],
+        });
+        // Two keys, four records each: a batch holds one record of each
+        // key, so the next of a key starts only once its slot is free.
+        let records = (0..8)
+            .map(|offset| record(offset, Some(if offset % 2 == 0 { "a" } else { "b" })))
+            .collect();
+        let mut lane = TestLane::start(handler, DeliveryOrder::Key, 64, 64, records);
+        // Every batch's ordered part is done in its step: all eight start
+        // while no completion has come (the slots came back at once).
+        tokio::time::timeout(Duration::from_secs(5), async {
+            while lane.backlog.records() > 0 || lane.active.load(Ordering::SeqCst) < 8 {
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            }
+        })
+        .await
+        .expect("all eight started before any completion");
+        assert!(lane.finished.try_recv().is_err(), "nothing finished yet");
+        // Four batches (one record of each key per batch), released one
+        // by one.
+        for _ in 0..4 {
+            release.notify_one();
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let mut finished = lane.finished_offsets(6, Duration::from_secs(5)).await;
+        finished.sort_unstable();
+        assert_eq!(
+            finished,
+            vec![0, 1, 3, 4, 6, 7],
+            "the abandoned are not finished"
+        );
+        tokio::time::timeout(Duration::from_secs(5), async {
+            while lane.active.load(Ordering::SeqCst) > 0 {
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            }
+        })
+        .await
+        .expect("every record settled");
+        lane.stop_taking.cancel();
+        lane.tasks.close();
+        lane.tasks.wait().await;
+    }
+
+    /// With and without records done in the batch step (`split`).
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn batches_keep_each_key_in_offset_order_and_the_in_flight_bound() {
-        let (log, finished) = run_lane_in_batches(DeliveryOrder::Key, 32, 16, keyed(600, 40)).await;
-        assert_eq!(log.overlaps, 0, "two records of one key ran at once");
-        for (key, offsets) in &log.started {
+        for split in [false, true] {
+            let (log, finished) =
+                run_lane_in_split_batches(DeliveryOrder::Key, 32, 16, split, keyed(600, 40)).await;
+            assert_eq!(log.overlaps, 0, "two records of one key ran at once");
+            for (key, offsets) in &log.started {
+                assert!(
+                    offsets.is_sorted(),
+                    "key {key:?} started out of offset order: {offsets:?}"
+                );
+            }
+            assert!(log.most_running <= 32, "max_in_flight exceeded");
             assert!(
-                offsets.is_sorted(),
-                "key {key:?} started out of offset order: {offsets:?}"
+                log.batches.iter().any(|&size| size > 1),
+                "ready records were taken together: {:?}",
+                log.batches
             );
+            assert!(log.batches.iter().all(|&size| size <= 16));
+            assert_eq!(log.batches.iter().sum::<usize>(), 600);
+            let mut finished = finished;
+            finished.sort_unstable();
+            assert_eq!(finished, (0..600).collect::<Vec<_>>(), "each finished once");
         }
-        assert!(log.most_running <= 32, "max_in_flight exceeded");
-        assert!(
-            log.batches.iter().any(|&size| size > 1),
-            "ready records were taken together: {:?}",
-            log.batches
-        );
-        assert!(log.batches.iter().all(|&size| size <= 16));
-        assert_eq!(log.batches.iter().sum::<usize>(), 600);
-        let mut finished = finished;
-        finished.sort_unstable();
-        assert_eq!(finished, (0..600).collect::<Vec<_>>(), "each finished once");
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

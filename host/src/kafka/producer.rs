@@ -2,20 +2,39 @@
 //! at once (waiting while the queue is full), and its acknowledgement is a
 //! future awaited by whoever needs it, so many records are in flight at once
 //! and nobody waits for acknowledgements one by one.
+//!
+//! Acknowledgements come from librdkafka's delivery reports, on the
+//! producer's polling thread, through the producer's context
+//! ([`AckContext`]). Records enqueued together as an [`AckGroup`] (a batch
+//! of a transform flow) are acknowledged together: the reports fill the
+//! group's results, and whoever waits for them ([`GroupAcks`]) is woken
+//! once, when the last one is in, not once a record. A lone record
+//! ([`RelayProducer::enqueue`]) is a group of one.
 
 use std::pin::Pin;
-use std::task::{Context, Poll};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
 use anyhow::Context as _;
+use rdkafka::ClientContext;
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
-use rdkafka::producer::{DeliveryFuture, FutureProducer, FutureRecord, Producer as _};
+use rdkafka::message::Message as _;
+use rdkafka::producer::{
+    BaseRecord, DeliveryResult, Producer as _, ProducerContext, ThreadedProducer,
+};
+use slab::Slab;
 
 use super::link::LinkInfo;
 use super::record::OutputRecord;
 
 /// How long to wait before retrying an enqueue into a full queue.
 const QUEUE_FULL_BACKOFF: Duration = Duration::from_millis(5);
+
+/// A record's delivery opaque: its group's key in the registry in the high
+/// half, its place in the group in the low half.
+const INDEX_BITS: u32 = 32;
+const INDEX_MASK: usize = (1 << INDEX_BITS) - 1;
 
 /// Where a produced record landed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -26,41 +45,302 @@ pub struct Delivered {
     pub offset: i64,
 }
 
-/// The acknowledgement of an enqueued record: resolves once Kafka has
-/// written it, or refused it. A named future (not an `async` block), so
-/// that whoever keeps many of them keeps them without a box each.
-#[must_use = "a record's acknowledgement says whether it was written"]
-pub struct Ack {
-    delivery: DeliveryFuture,
+/// A record's acknowledgement: where it was written, or why not.
+pub type AckResult = Result<Delivered, KafkaError>;
+
+/// What a group's acknowledgements have come to so far.
+struct GroupState {
+    /// Each record's result, once settled.
+    results: Vec<Option<AckResult>>,
+    /// Records not settled yet.
+    remaining: usize,
+    /// Who waits for the last one.
+    waker: Option<Waker>,
 }
 
-impl std::fmt::Debug for Ack {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Ack").finish_non_exhaustive()
+/// A group's state, shared by its records' reports and its waiter.
+struct GroupShared {
+    state: Mutex<GroupState>,
+}
+
+impl GroupShared {
+    fn new(size: usize) -> Self {
+        GroupShared {
+            state: Mutex::new(GroupState {
+                results: (0..size).map(|_| None).collect(),
+                remaining: size,
+                waker: None,
+            }),
+        }
+    }
+
+    /// Settles record `index` (once; a second report of it is ignored).
+    /// `Some(waker)` when it was the group's last: the group is done, and
+    /// the waiter (if any yet) is to be woken.
+    fn settle(&self, index: usize, result: AckResult) -> Option<Option<Waker>> {
+        let mut state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
+        let slot = state.results.get_mut(index)?;
+        if slot.is_some() {
+            return None;
+        }
+        *slot = Some(result);
+        state.remaining -= 1;
+        if state.remaining > 0 {
+            return None;
+        }
+        Some(state.waker.take())
+    }
+
+    /// Every record not settled yet settled as cancelled (the producer is
+    /// gone); the waiter woken.
+    fn cancel_rest(&self) {
+        let waker = {
+            let mut state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
+            let mut cancelled = 0;
+            for slot in state.results.iter_mut().filter(|slot| slot.is_none()) {
+                *slot = Some(Err(KafkaError::Canceled));
+                cancelled += 1;
+            }
+            state.remaining -= cancelled;
+            state.waker.take()
+        };
+        if let Some(waker) = waker {
+            waker.wake();
+        }
     }
 }
 
+/// The producer's context: the groups with records in flight, by key,
+/// settled by librdkafka's delivery reports.
+#[derive(Default)]
+pub struct AckContext {
+    groups: Mutex<Slab<Arc<GroupShared>>>,
+}
+
+impl std::fmt::Debug for AckContext {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AckContext").finish_non_exhaustive()
+    }
+}
+
+impl ClientContext for AckContext {}
+
+impl ProducerContext for AckContext {
+    type DeliveryOpaque = usize;
+
+    fn delivery(&self, report: &DeliveryResult<'_>, opaque: usize) {
+        let result = match report {
+            Ok(message) => Ok(Delivered {
+                partition: message.partition(),
+                offset: message.offset(),
+            }),
+            Err((error, _message)) => Err(error.clone()),
+        };
+        self.settle(opaque >> INDEX_BITS, opaque & INDEX_MASK, result);
+    }
+}
+
+impl AckContext {
+    /// Registers a group whose records are about to be enqueued.
+    fn register(&self, group: Arc<GroupShared>) -> usize {
+        let mut groups = self.groups.lock().unwrap_or_else(PoisonError::into_inner);
+        groups.insert(group)
+    }
+
+    /// Settles a record of group `key`; the group leaves the registry with
+    /// its last record (so a key is reused only once nothing can report to
+    /// it any more).
+    fn settle(&self, key: usize, index: usize, result: AckResult) {
+        let done = {
+            let mut groups = self.groups.lock().unwrap_or_else(PoisonError::into_inner);
+            let Some(group) = groups.get(key) else {
+                return;
+            };
+            let done = group.settle(index, result);
+            if done.is_some() {
+                groups.remove(key);
+            }
+            done
+        };
+        if let Some(Some(waker)) = done {
+            waker.wake();
+        }
+    }
+}
+
+impl Drop for AckContext {
+    /// The producer is destroyed (it purged its queue and waited for the
+    /// reports first): whatever is still unreported is cancelled, so that
+    /// nobody waits for it forever.
+    fn drop(&mut self) {
+        let groups = std::mem::take(
+            self.groups
+                .get_mut()
+                .unwrap_or_else(PoisonError::into_inner),
+        );
+        for (_, group) in groups {
+            group.cancel_rest();
+        }
+    }
+}
+
+/// The acknowledgements of an [`AckGroup`]'s records: resolves, once
+/// every one is in, to each record's result in the order enqueued.
+#[must_use = "a record's acknowledgement says whether it was written"]
+pub struct GroupAcks {
+    shared: Arc<GroupShared>,
+}
+
+impl std::fmt::Debug for GroupAcks {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("GroupAcks").finish_non_exhaustive()
+    }
+}
+
+impl Future for GroupAcks {
+    type Output = Vec<AckResult>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let mut state = self
+            .shared
+            .state
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        if state.remaining > 0 {
+            match &state.waker {
+                Some(waker) if waker.will_wake(cx.waker()) => {}
+                _ => state.waker = Some(cx.waker().clone()),
+            }
+            return Poll::Pending;
+        }
+        let results = std::mem::take(&mut state.results);
+        Poll::Ready(
+            results
+                .into_iter()
+                .map(|result| result.unwrap_or(Err(KafkaError::Canceled)))
+                .collect(),
+        )
+    }
+}
+
+/// The acknowledgement of one enqueued record: resolves once Kafka has
+/// written it, or refused it.
+#[must_use = "a record's acknowledgement says whether it was written"]
+#[derive(Debug)]
+pub struct Ack {
+    acks: GroupAcks,
+}
+
 impl Future for Ack {
-    type Output = Result<Delivered, KafkaError>;
+    type Output = AckResult;
 
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        Pin::new(&mut self.delivery)
+        Pin::new(&mut self.acks)
             .poll(cx)
-            .map(|result| match result {
-                Ok(Ok(delivery)) => Ok(Delivered {
-                    partition: delivery.partition,
-                    offset: delivery.offset,
-                }),
-                Ok(Err((error, _message))) => Err(error),
-                Err(_canceled) => Err(KafkaError::Canceled),
-            })
+            .map(|mut results| results.pop().unwrap_or(Err(KafkaError::Canceled)))
+    }
+}
+
+/// Records enqueued as one group, whose acknowledgements arrive together
+/// ([`AckGroup::acks`]). Each of its `size` places is settled exactly once:
+/// by the record's delivery report, by a refusal at enqueueing, or, for a
+/// place never enqueued, as cancelled when the group is dropped.
+pub struct AckGroup {
+    producer: RelayProducer,
+    shared: Arc<GroupShared>,
+    /// The registry's key (unused for an empty group).
+    key: usize,
+    /// The next place to enqueue.
+    next: usize,
+    size: usize,
+}
+
+impl std::fmt::Debug for AckGroup {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AckGroup")
+            .field("next", &self.next)
+            .field("size", &self.size)
+            .finish_non_exhaustive()
+    }
+}
+
+impl AckGroup {
+    /// Enqueues the group's next record, unless librdkafka's queue is full
+    /// (false: try again later). A record refused at once (too large, an
+    /// unknown topic) is taken, its refusal its result.
+    ///
+    /// # Panics
+    /// When all `size` records are enqueued already.
+    pub fn enqueue_now(
+        &mut self,
+        topic: &str,
+        record: &OutputRecord,
+        extra: &[(&str, &[u8])],
+    ) -> bool {
+        assert!(
+            self.next < self.size,
+            "a group of {} records takes no more",
+            self.size
+        );
+        let index = self.next;
+        let opaque = (self.key << INDEX_BITS) | index;
+        let mut base: BaseRecord<'_, [u8], [u8], usize> = BaseRecord::with_opaque_to(topic, opaque);
+        if let Some(headers) = record.rdkafka_headers(extra) {
+            base = base.headers(headers);
+        }
+        if let Some(key) = &record.key {
+            base = base.key(key.as_slice());
+        }
+        if let Some(value) = &record.value {
+            base = base.payload(value.as_slice());
+        }
+        match self.producer.inner.send(base) {
+            Ok(()) => {}
+            Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), _)) => return false,
+            Err((error, _)) => self
+                .producer
+                .inner
+                .context()
+                .settle(self.key, index, Err(error)),
+        }
+        self.next += 1;
+        true
+    }
+
+    /// [`AckGroup::enqueue_now`], waiting while the queue is full.
+    pub async fn enqueue(&mut self, topic: &str, record: &OutputRecord, extra: &[(&str, &[u8])]) {
+        while !self.enqueue_now(topic, record, extra) {
+            tokio::time::sleep(QUEUE_FULL_BACKOFF).await;
+        }
+    }
+
+    /// Records enqueued so far.
+    pub fn enqueued(&self) -> usize {
+        self.next
+    }
+
+    /// The group's acknowledgements. The places not enqueued by now are
+    /// settled as cancelled.
+    pub fn acks(self) -> GroupAcks {
+        GroupAcks {
+            shared: self.shared.clone(),
+        }
+    }
+}
+
+impl Drop for AckGroup {
+    fn drop(&mut self) {
+        let context = self.producer.inner.context();
+        for index in self.next..self.size {
+            context.settle(self.key, index, Err(KafkaError::Canceled));
+        }
     }
 }
 
 /// A producer of one link.
 #[derive(Clone)]
 pub struct RelayProducer {
-    inner: FutureProducer,
+    inner: Arc<ThreadedProducer<AckContext>>,
 }
 
 impl std::fmt::Debug for RelayProducer {
@@ -72,10 +352,30 @@ impl std::fmt::Debug for RelayProducer {
 impl RelayProducer {
     /// Creates a producer for a link (it connects lazily).
     pub fn new(link: &LinkInfo) -> anyhow::Result<Self> {
-        let inner: FutureProducer = link
-            .create(&link.producer_config())
+        let inner: ThreadedProducer<AckContext> = link
+            .create_with_context(&link.producer_config(), AckContext::default())
             .with_context(|| format!("creating a Kafka producer for {}", link.bootstrap_servers))?;
-        Ok(RelayProducer { inner })
+        Ok(RelayProducer {
+            inner: Arc::new(inner),
+        })
+    }
+
+    /// A group of `size` records to enqueue, acknowledged together.
+    pub fn group(&self, size: usize) -> AckGroup {
+        assert!(size <= INDEX_MASK, "a group of {size} records is too large");
+        let shared = Arc::new(GroupShared::new(size));
+        let key = if size == 0 {
+            0
+        } else {
+            self.inner.context().register(shared.clone())
+        };
+        AckGroup {
+            producer: self.clone(),
+            shared,
+            key,
+            next: 0,
+            size,
+        }
     }
 
     /// Enqueues `record` for `topic`, waiting while librdkafka's queue is
@@ -106,28 +406,33 @@ impl RelayProducer {
 
     /// [`RelayProducer::enqueue_with`] without waiting: `None` while
     /// librdkafka's queue is full. A caller that tries first keeps the wait
-    /// out of its own future.
+    /// out of its own future. A record refused at once is an `Err` here
+    /// (not an acknowledgement).
     pub fn enqueue_now_with(
         &self,
         topic: &str,
         record: &OutputRecord,
         extra: &[(&str, &[u8])],
     ) -> Option<Result<Ack, KafkaError>> {
-        let mut future_record: FutureRecord<'_, [u8], [u8]> = FutureRecord::to(topic);
-        if let Some(headers) = record.rdkafka_headers(extra) {
-            future_record = future_record.headers(headers);
+        let mut group = self.group(1);
+        if !group.enqueue_now(topic, record, extra) {
+            return None;
         }
-        if let Some(key) = &record.key {
-            future_record = future_record.key(key.as_slice());
-        }
-        if let Some(value) = &record.value {
-            future_record = future_record.payload(value.as_slice());
-        }
-        match self.inner.send_result(future_record) {
-            Ok(delivery) => Some(Ok(Ack { delivery })),
-            Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), _)) => None,
-            Err((error, _)) => Some(Err(error)),
-        }
+        let refused = {
+            let state = group
+                .shared
+                .state
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner);
+            match &state.results[0] {
+                Some(Err(error)) => Some(error.clone()),
+                _ => None,
+            }
+        };
+        Some(match refused {
+            Some(error) => Err(error),
+            None => Ok(Ack { acks: group.acks() }),
+        })
     }
 
     /// Enqueues and waits for the acknowledgement.

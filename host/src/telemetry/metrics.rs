@@ -195,23 +195,48 @@ pub struct FlowMetrics {
     pub lines_recovering: Gauge,
 }
 
-/// Holds one unit of a gauge while alive: [`HeldGauge::hold`] increments,
+/// Holds units of a gauge while alive: [`HeldGauge::hold`] increments,
 /// dropping decrements, so every way out of a piece of work (finished,
-/// failed, abandoned) gives it back.
+/// failed, abandoned) gives it back. Held for a batch, it is given back
+/// unit by unit as its parts are [split](HeldGauge::split) off.
 #[derive(Debug)]
-pub struct HeldGauge(Gauge);
+pub struct HeldGauge {
+    gauge: Gauge,
+    units: i64,
+}
 
 impl HeldGauge {
     /// Increments `gauge` until the returned value is dropped.
     pub fn hold(gauge: &Gauge) -> HeldGauge {
-        gauge.inc();
-        HeldGauge(gauge.clone())
+        HeldGauge::hold_many(gauge, 1)
+    }
+
+    /// Adds `units` to `gauge` until the returned value is dropped.
+    pub fn hold_many(gauge: &Gauge, units: usize) -> HeldGauge {
+        let units = i64::try_from(units).unwrap_or(i64::MAX);
+        gauge.inc_by(units);
+        HeldGauge {
+            gauge: gauge.clone(),
+            units,
+        }
+    }
+
+    /// Moves `units` (at most those held) to a value of their own.
+    pub fn split(&mut self, units: usize) -> HeldGauge {
+        let units = i64::try_from(units).unwrap_or(i64::MAX).min(self.units);
+        self.units -= units;
+        HeldGauge {
+            gauge: self.gauge.clone(),
+            units,
+        }
     }
 }
 
 impl Drop for HeldGauge {
     fn drop(&mut self) {
-        self.0.dec();
+        if self.units != 0 {
+            self.gauge.dec_by(self.units);
+        }
     }
 }
 
@@ -559,6 +584,30 @@ mod tests {
         drop((first, second, waiting));
         shows(r#"wasmrelay_messages_in_progress{flow="orders"} 0"#);
         shows(r#"wasmrelay_messages_awaiting_ack{flow="orders"} 0"#);
+    }
+
+    #[test]
+    fn a_gauge_held_for_a_batch_is_given_back_part_by_part() {
+        let metrics = RelayMetrics::new();
+        let flow = metrics.flow("orders");
+        let shows = |sample: &str| {
+            let text = metrics.render();
+            assert!(text.contains(sample), "{sample} not in:\n{text}");
+        };
+        let mut batch = HeldGauge::hold_many(&flow.in_progress, 5);
+        let one = batch.split(1);
+        let rest = batch.split(3);
+        shows(r#"wasmrelay_messages_in_progress{flow="orders"} 5"#);
+        drop(one);
+        shows(r#"wasmrelay_messages_in_progress{flow="orders"} 4"#);
+        drop(rest);
+        shows(r#"wasmrelay_messages_in_progress{flow="orders"} 1"#);
+        // More than held: only what is held moves.
+        let last = batch.split(7);
+        drop(batch);
+        shows(r#"wasmrelay_messages_in_progress{flow="orders"} 1"#);
+        drop(last);
+        shows(r#"wasmrelay_messages_in_progress{flow="orders"} 0"#);
     }
 
     #[test]

@@ -22,4 +22,5 @@ mod plugin_chain;
 mod plugin_executor;
 mod plugin_guard_rails;
 mod plugin_hot_reload;
+mod producer_groups;
 mod producer_start;
