@@ -29,7 +29,7 @@ use super::retry::{Attempt, Retried, failure_reason, retry_after};
 use super::target::{Delivery, DeliveryEnd, DeliveryTarget};
 use crate::config::RetryConfig;
 use crate::kafka::consumer::{BatchHandling, Completion, Handling, MessageHandler, Outcome};
-use crate::kafka::producer::Ack;
+use crate::kafka::producer::{Ack, Refused};
 use crate::kafka::{InputRecord, OutputRecord};
 use crate::link::KafkaLink;
 use crate::telemetry::metrics::{FlowMetrics, HeldGauge};
@@ -285,8 +285,9 @@ impl FlowHandler {
         } = together;
         let producer = self.link.producer();
         let mut group = producer.group(outputs.iter().map(Vec::len).sum());
-        // Each output with the place of its record.
-        let mut produced: Vec<(usize, OutputRecord)> = Vec::with_capacity(outputs.len());
+        // The place of each output's record. The outputs themselves are not
+        // kept: librdkafka hands a refused one back, for its dead letter.
+        let mut produced: Vec<usize> = Vec::with_capacity(outputs.len());
         // Records whose outputs are all enqueued (the first ones).
         let mut enqueued = inputs.len();
         'records: for (place, (input, records)) in inputs.iter().zip(outputs).enumerate() {
@@ -302,7 +303,7 @@ impl FlowHandler {
                         () = group.enqueue(&self.output_topic, &record, &origin[..count]) => {}
                     }
                 }
-                produced.push((place, record));
+                produced.push(place);
             }
         }
         let acks = group.acks();
@@ -321,14 +322,20 @@ impl FlowHandler {
                 })
                 .collect();
             let mut returned = 0;
-            for ((place, record), result) in produced.into_iter().zip(results) {
+            for (place, result) in produced.into_iter().zip(results) {
                 match result {
                     Ok(_) => returned += 1,
                     Err(_) if outcomes[place] == Outcome::Abandoned => {}
-                    Err(error) => {
+                    // Not handed back (its producer destroyed before
+                    // reporting): the input is consumed again.
+                    Err(Refused { record: None, .. }) => outcomes[place] = Outcome::Abandoned,
+                    Err(Refused {
+                        error,
+                        record: Some(record),
+                    }) => {
                         let reason = format!("producing to `{}`: {error}", flow.output_topic);
                         let record =
-                            flow.dead_letter(record, &inputs[place], &Stage::Produce, &reason);
+                            flow.dead_letter(*record, &inputs[place], &Stage::Produce, &reason);
                         if !Box::pin(flow.write_dead_letter(record, &abort)).await {
                             outcomes[place] = Outcome::Abandoned;
                         }

@@ -48,10 +48,37 @@ pub struct Delivered {
 /// A record's acknowledgement: where it was written, or why not.
 pub type AckResult = Result<Delivered, KafkaError>;
 
+/// A record of a group that was not written: why, and the record as it was
+/// enqueued (from librdkafka's report, headers added at enqueueing
+/// included), for its dead letter. `None` only when the record never
+/// reached librdkafka (never enqueued, or its producer destroyed before
+/// reporting): whoever waits must then give the input up, to be consumed
+/// again.
+#[derive(Debug)]
+pub struct Refused {
+    /// Why.
+    pub error: KafkaError,
+    /// The record, when librdkafka handed it back (boxed: a result of
+    /// every record of a group has room for it).
+    pub record: Option<Box<OutputRecord>>,
+}
+
+impl Refused {
+    fn without_record(error: KafkaError) -> Self {
+        Refused {
+            error,
+            record: None,
+        }
+    }
+}
+
+/// A grouped record's acknowledgement.
+pub type GroupResult = Result<Delivered, Refused>;
+
 /// What a group's acknowledgements have come to so far.
 struct GroupState {
     /// Each record's result, once settled.
-    results: Vec<Option<AckResult>>,
+    results: Vec<Option<GroupResult>>,
     /// Records not settled yet.
     remaining: usize,
     /// Who waits for the last one.
@@ -77,7 +104,7 @@ impl GroupShared {
     /// Settles record `index` (once; a second report of it is ignored).
     /// `Some(waker)` when it was the group's last: the group is done, and
     /// the waiter (if any yet) is to be woken.
-    fn settle(&self, index: usize, result: AckResult) -> Option<Option<Waker>> {
+    fn settle(&self, index: usize, result: GroupResult) -> Option<Option<Waker>> {
         let mut state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
         let slot = state.results.get_mut(index)?;
         if slot.is_some() {
@@ -98,7 +125,7 @@ impl GroupShared {
             let mut state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
             let mut cancelled = 0;
             for slot in state.results.iter_mut().filter(|slot| slot.is_none()) {
-                *slot = Some(Err(KafkaError::Canceled));
+                *slot = Some(Err(Refused::without_record(KafkaError::Canceled)));
                 cancelled += 1;
             }
             state.remaining -= cancelled;
@@ -134,7 +161,10 @@ impl ProducerContext for AckContext {
                 partition: message.partition(),
                 offset: message.offset(),
             }),
-            Err((error, _message)) => Err(error.clone()),
+            Err((error, message)) => Err(Refused {
+                error: error.clone(),
+                record: Some(Box::new(OutputRecord::from_message(message))),
+            }),
         };
         self.settle(opaque >> INDEX_BITS, opaque & INDEX_MASK, result);
     }
@@ -150,7 +180,7 @@ impl AckContext {
     /// Settles a record of group `key`; the group leaves the registry with
     /// its last record (so a key is reused only once nothing can report to
     /// it any more).
-    fn settle(&self, key: usize, index: usize, result: AckResult) {
+    fn settle(&self, key: usize, index: usize, result: GroupResult) {
         let done = {
             let mut groups = self.groups.lock().unwrap_or_else(PoisonError::into_inner);
             let Some(group) = groups.get(key) else {
@@ -198,7 +228,7 @@ impl std::fmt::Debug for GroupAcks {
 }
 
 impl Future for GroupAcks {
-    type Output = Vec<AckResult>;
+    type Output = Vec<GroupResult>;
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let mut state = self
@@ -217,7 +247,7 @@ impl Future for GroupAcks {
         Poll::Ready(
             results
                 .into_iter()
-                .map(|result| result.unwrap_or(Err(KafkaError::Canceled)))
+                .map(|result| result.unwrap_or(Err(Refused::without_record(KafkaError::Canceled))))
                 .collect(),
         )
     }
@@ -237,7 +267,11 @@ impl Future for Ack {
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         Pin::new(&mut self.acks)
             .poll(cx)
-            .map(|mut results| results.pop().unwrap_or(Err(KafkaError::Canceled)))
+            .map(|mut results| match results.pop() {
+                Some(Ok(delivered)) => Ok(delivered),
+                Some(Err(refused)) => Err(refused.error),
+                None => Err(KafkaError::Canceled),
+            })
     }
 }
 
@@ -267,7 +301,7 @@ impl std::fmt::Debug for AckGroup {
 impl AckGroup {
     /// Enqueues the group's next record, unless librdkafka's queue is full
     /// (false: try again later). A record refused at once (too large, an
-    /// unknown topic) is taken, its refusal its result.
+    /// unknown topic) is taken, its refusal (with a copy of it) its result.
     ///
     /// # Panics
     /// When all `size` records are enqueued already.
@@ -297,11 +331,16 @@ impl AckGroup {
         match self.producer.inner.send(base) {
             Ok(()) => {}
             Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), _)) => return false,
-            Err((error, _)) => self
-                .producer
-                .inner
-                .context()
-                .settle(self.key, index, Err(error)),
+            Err((error, _)) => {
+                let refused = Refused {
+                    error,
+                    record: Some(Box::new(record.clone())),
+                };
+                self.producer
+                    .inner
+                    .context()
+                    .settle(self.key, index, Err(refused));
+            }
         }
         self.next += 1;
         true
@@ -332,7 +371,11 @@ impl Drop for AckGroup {
     fn drop(&mut self) {
         let context = self.producer.inner.context();
         for index in self.next..self.size {
-            context.settle(self.key, index, Err(KafkaError::Canceled));
+            context.settle(
+                self.key,
+                index,
+                Err(Refused::without_record(KafkaError::Canceled)),
+            );
         }
     }
 }
@@ -425,7 +468,7 @@ impl RelayProducer {
                 .lock()
                 .unwrap_or_else(PoisonError::into_inner);
             match &state.results[0] {
-                Some(Err(error)) => Some(error.clone()),
+                Some(Err(refused)) => Some(refused.error.clone()),
                 _ => None,
             }
         };

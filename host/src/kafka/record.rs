@@ -176,6 +176,29 @@ pub struct OutputRecord {
 }
 
 impl OutputRecord {
+    /// Copies a message as librdkafka holds it (key, value, headers): a
+    /// produced record handed back by a failed delivery report.
+    pub fn from_message(message: &impl rdkafka::Message) -> Self {
+        OutputRecord {
+            key: message.key().map(<[u8]>::to_vec),
+            value: message.payload().map(<[u8]>::to_vec),
+            headers: message
+                .headers()
+                .map(|headers| {
+                    headers
+                        .iter()
+                        .map(|h| {
+                            (
+                                h.key.to_string(),
+                                h.value.map(<[u8]>::to_vec).unwrap_or_default(),
+                            )
+                        })
+                        .collect()
+                })
+                .unwrap_or_default(),
+        }
+    }
+
     /// Sets a header, replacing any of the same name.
     pub fn set_header(&mut self, name: &str, value: impl Into<Vec<u8>>) {
         self.headers.retain(|(n, _)| n != name);

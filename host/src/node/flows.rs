@@ -84,6 +84,23 @@ fn data_return_chain(
     PluginChain::new(flow.data_return.clone(), registry.clone(), metrics.clone())
 }
 
+/// Records of a transform flow's partition whose outputs may await Kafka's
+/// acknowledgement at once. Such a record holds only its input's key and
+/// place (librdkafka holds the outputs, and hands a refused one back): a
+/// thousand (the default, for flows whose completions hold their records)
+/// left a lane waiting on the broker's acknowledgements of a single
+/// produce batch (`bench/RESULTS.md`, "Kafka's acknowledgements together").
+const TRANSFORM_MAX_PENDING_PER_PARTITION: usize = 5_000;
+
+/// The bound on records awaiting their completion, per partition.
+fn max_pending_per_partition(flow: &FlowConfig) -> usize {
+    if flow.deliver.is_none() && flow.data_return.is_empty() {
+        TRANSFORM_MAX_PENDING_PER_PARTITION
+    } else {
+        ConsumerOptions::default().max_pending_per_partition
+    }
+}
+
 /// Prepares every flow: its handler and the runner of its consumer, with
 /// the id of the link it consumes from. Nothing is consumed yet. The
 /// application clients' connection tasks run on `tasks`.
@@ -139,6 +156,7 @@ pub(super) fn prepare(
                 lost_peers,
                 order: flow.ordering,
                 max_in_flight: flow.max_in_flight,
+                max_pending_per_partition: max_pending_per_partition(flow),
                 ..consumer_options.clone()
             },
             consumers_stop.clone(),

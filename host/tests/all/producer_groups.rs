@@ -12,6 +12,7 @@ use std::task::{Context, Poll, Wake, Waker};
 use std::time::Duration;
 
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
+use wasmrelay::kafka::producer::Refused;
 use wasmrelay::kafka::{LinkInfo, OutputRecord, RelayProducer};
 
 use crate::support::tansu::Tansu;
@@ -131,21 +132,26 @@ async fn a_refused_record_and_a_place_never_enqueued_settle_their_places() {
         .expect("the group settled");
     assert_eq!(results.len(), 5);
     assert!(results[0].is_ok(), "{:?}", results[0]);
-    assert!(
-        matches!(
-            results[1],
-            Err(KafkaError::MessageProduction(
-                RDKafkaErrorCode::MessageSizeTooLarge
-            ))
+    match &results[1] {
+        Err(Refused {
+            error: KafkaError::MessageProduction(RDKafkaErrorCode::MessageSizeTooLarge),
+            record: Some(record),
+        }) => assert_eq!(
+            record.value.as_ref().map(Vec::len),
+            Some(2_000_000),
+            "the refused record is handed back, for its dead letter"
         ),
-        "{:?}",
-        results[1]
-    );
+        other => panic!("{other:?}"),
+    }
     assert!(results[2].is_ok(), "{:?}", results[2]);
     assert!(
-        results[3..]
-            .iter()
-            .all(|result| matches!(result, Err(KafkaError::Canceled))),
+        results[3..].iter().all(|result| matches!(
+            result,
+            Err(Refused {
+                error: KafkaError::Canceled,
+                record: None
+            })
+        )),
         "{:?}",
         &results[3..]
     );
@@ -178,7 +184,16 @@ async fn a_producer_destroyed_with_records_in_flight_settles_them() {
         .await
         .expect("the group settled when its producer was destroyed");
     assert_eq!(results.len(), 3);
-    assert!(results.iter().all(Result::is_err), "{results:?}");
+    // Purged: each handed back as it was enqueued, for a dead letter.
+    for (n, result) in results.iter().enumerate() {
+        match result {
+            Err(Refused {
+                record: Some(record),
+                ..
+            }) => assert_eq!(record.value.as_deref(), Some(format!("r{n}").as_bytes())),
+            other => panic!("record {n}: {other:?}"),
+        }
+    }
     let lone = tokio::time::timeout(Duration::from_secs(10), lone)
         .await
         .expect("the lone record settled too");
