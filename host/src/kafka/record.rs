@@ -8,6 +8,24 @@ use std::sync::Arc;
 use rdkafka::Message as _;
 use rdkafka::message::{BorrowedHeaders, BorrowedMessage, Header, Headers as _, OwnedHeaders};
 
+/// A message's headers, copied; a header without a value gets an empty one.
+fn copied_headers(message: &impl rdkafka::Message) -> Vec<(String, Vec<u8>)> {
+    message
+        .headers()
+        .map(|headers| {
+            headers
+                .iter()
+                .map(|h| {
+                    (
+                        h.key.to_string(),
+                        h.value.map(<[u8]>::to_vec).unwrap_or_default(),
+                    )
+                })
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
 /// A consumed record, detached from the consumer.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct InputRecord {
@@ -49,20 +67,7 @@ impl InputRecord {
             offset: msg.offset(),
             key: msg.key().map(<[u8]>::to_vec),
             value: msg.payload().map(<[u8]>::to_vec),
-            headers: msg
-                .headers()
-                .map(|headers| {
-                    headers
-                        .iter()
-                        .map(|h| {
-                            (
-                                h.key.to_string(),
-                                h.value.map(<[u8]>::to_vec).unwrap_or_default(),
-                            )
-                        })
-                        .collect()
-                })
-                .unwrap_or_default(),
+            headers: copied_headers(msg),
             timestamp_ms: msg.timestamp().to_millis(),
         }
     }
@@ -182,20 +187,7 @@ impl OutputRecord {
         OutputRecord {
             key: message.key().map(<[u8]>::to_vec),
             value: message.payload().map(<[u8]>::to_vec),
-            headers: message
-                .headers()
-                .map(|headers| {
-                    headers
-                        .iter()
-                        .map(|h| {
-                            (
-                                h.key.to_string(),
-                                h.value.map(<[u8]>::to_vec).unwrap_or_default(),
-                            )
-                        })
-                        .collect()
-                })
-                .unwrap_or_default(),
+            headers: copied_headers(message),
         }
     }
 
