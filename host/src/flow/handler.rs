@@ -191,6 +191,14 @@ fn take_original(input: &mut InputRecord) -> OutputRecord {
 }
 
 impl FlowHandler {
+    /// A transform flow without a data-return chain: a record its batch's
+    /// first plugin attempt settled has nothing left but producing its
+    /// outputs, and such records complete together, holding only their
+    /// inputs' keys and places while Kafka acknowledges them.
+    pub fn completes_batches_together(&self) -> bool {
+        self.target.is_none() && self.data_return.is_empty()
+    }
+
     /// The first attempt at the service-call chain for every record of a
     /// batch, in one plugin call per plugin. A transform flow's records
     /// that it settled (their outputs made, no data-return chain) are
@@ -220,9 +228,7 @@ impl FlowHandler {
                     .map(|message| message.map_or(BatchMessage::Lost, BatchMessage::Back));
                 (results, given.collect())
             };
-        // Only a transform flow without a data-return chain has nothing
-        // left to do for a record its first attempt settled.
-        let done_by_the_batch = self.target.is_none() && self.data_return.is_empty();
+        let done_by_the_batch = self.completes_batches_together();
         let mut together = Together::default();
         let mut alone = Vec::new();
         for (place, ((mut input, first_attempt), message)) in inputs

@@ -311,13 +311,29 @@ impl AckGroup {
         record: &OutputRecord,
         extra: &[(&str, &[u8])],
     ) -> bool {
+        match self.send_next(topic, record, extra) {
+            Sent::Enqueued => true,
+            Sent::QueueFull => false,
+            Sent::Refused(error) => {
+                let refused = Refused {
+                    error,
+                    record: Some(Box::new(record.clone())),
+                };
+                self.settle_last(Err(refused));
+                true
+            }
+        }
+    }
+
+    /// Hands the next record to librdkafka; a refusal is not settled yet
+    /// (see [`AckGroup::settle_last`]), but the place is taken.
+    fn send_next(&mut self, topic: &str, record: &OutputRecord, extra: &[(&str, &[u8])]) -> Sent {
         assert!(
             self.next < self.size,
             "a group of {} records takes no more",
             self.size
         );
-        let index = self.next;
-        let opaque = (self.key << INDEX_BITS) | index;
+        let opaque = (self.key << INDEX_BITS) | self.next;
         let mut base: BaseRecord<'_, [u8], [u8], usize> = BaseRecord::with_opaque_to(topic, opaque);
         if let Some(headers) = record.rdkafka_headers(extra) {
             base = base.headers(headers);
@@ -328,22 +344,24 @@ impl AckGroup {
         if let Some(value) = &record.value {
             base = base.payload(value.as_slice());
         }
-        match self.producer.inner.send(base) {
-            Ok(()) => {}
-            Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), _)) => return false,
-            Err((error, _)) => {
-                let refused = Refused {
-                    error,
-                    record: Some(Box::new(record.clone())),
-                };
-                self.producer
-                    .inner
-                    .context()
-                    .settle(self.key, index, Err(refused));
+        let sent = match self.producer.inner.send(base) {
+            Ok(()) => Sent::Enqueued,
+            Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), _)) => {
+                return Sent::QueueFull;
             }
-        }
+            Err((error, _)) => Sent::Refused(error),
+        };
         self.next += 1;
-        true
+        sent
+    }
+
+    /// Settles the place last taken (a record refused at once).
+    fn settle_last(&self, result: GroupResult) {
+        let index = self.next - 1;
+        self.producer
+            .inner
+            .context()
+            .settle(self.key, index, result);
     }
 
     /// [`AckGroup::enqueue_now`], waiting while the queue is full.
@@ -378,6 +396,16 @@ impl Drop for AckGroup {
             );
         }
     }
+}
+
+/// What handing a record to librdkafka came to.
+enum Sent {
+    /// In librdkafka's queue: its delivery report settles its place.
+    Enqueued,
+    /// The queue is full: try again later (the place is not taken).
+    QueueFull,
+    /// Refused at once (too large, an unknown topic).
+    Refused(KafkaError),
 }
 
 /// A producer of one link.
@@ -458,24 +486,16 @@ impl RelayProducer {
         extra: &[(&str, &[u8])],
     ) -> Option<Result<Ack, KafkaError>> {
         let mut group = self.group(1);
-        if !group.enqueue_now(topic, record, extra) {
-            return None;
-        }
-        let refused = {
-            let state = group
-                .shared
-                .state
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner);
-            match &state.results[0] {
-                Some(Err(refused)) => Some(refused.error.clone()),
-                _ => None,
+        match group.send_next(topic, record, extra) {
+            Sent::Enqueued => Some(Ok(Ack { acks: group.acks() })),
+            Sent::QueueFull => None,
+            Sent::Refused(error) => {
+                // Settled, so that the group leaves the registry; the
+                // caller has the record and gets the error here.
+                group.settle_last(Err(Refused::without_record(error.clone())));
+                Some(Err(error))
             }
-        };
-        Some(match refused {
-            Some(error) => Err(error),
-            None => Ok(Ack { acks: group.acks() }),
-        })
+        }
     }
 
     /// Enqueues and waits for the acknowledgement.

@@ -84,18 +84,20 @@ fn data_return_chain(
     PluginChain::new(flow.data_return.clone(), registry.clone(), metrics.clone())
 }
 
-/// Records of a transform flow's partition whose outputs may await Kafka's
-/// acknowledgement at once. Such a record holds only its input's key and
-/// place (librdkafka holds the outputs, and hands a refused one back): a
-/// thousand (the default, for flows whose completions hold their records)
-/// left a lane waiting on the broker's acknowledgements of a single
-/// produce batch (`bench/RESULTS.md`, "Kafka's acknowledgements together").
-const TRANSFORM_MAX_PENDING_PER_PARTITION: usize = 5_000;
+/// Records of a partition whose outputs may await Kafka's acknowledgement
+/// at once, in a flow whose batches complete together
+/// ([`FlowHandler::completes_batches_together`]). Such a record holds only
+/// its input's key and place (librdkafka holds the outputs, and hands a
+/// refused one back): a thousand (the default, for flows whose completions
+/// hold their records) left a lane waiting on the broker's
+/// acknowledgements of a single produce batch (`bench/RESULTS.md`,
+/// "Kafka's acknowledgements together").
+const BATCH_COMPLETING_MAX_PENDING_PER_PARTITION: usize = 5_000;
 
 /// The bound on records awaiting their completion, per partition.
-fn max_pending_per_partition(flow: &FlowConfig) -> usize {
-    if flow.deliver.is_none() && flow.data_return.is_empty() {
-        TRANSFORM_MAX_PENDING_PER_PARTITION
+fn max_pending_per_partition(handler: &FlowHandler) -> usize {
+    if handler.completes_batches_together() {
+        BATCH_COMPLETING_MAX_PENDING_PER_PARTITION
     } else {
         ConsumerOptions::default().max_pending_per_partition
     }
@@ -136,6 +138,7 @@ pub(super) fn prepare(
             retry: flow.retry.clone(),
             metrics: metrics.flow(&flow.name),
         };
+        let max_pending = max_pending_per_partition(&handler);
         // The cluster flow consumes only while enough nodes are live, when
         // `cluster.pause_below_min_live` asks for it.
         // And rejoins its group when a peer is lost (the broker may never
@@ -156,7 +159,7 @@ pub(super) fn prepare(
                 lost_peers,
                 order: flow.ordering,
                 max_in_flight: flow.max_in_flight,
-                max_pending_per_partition: max_pending_per_partition(flow),
+                max_pending_per_partition: max_pending,
                 ..consumer_options.clone()
             },
             consumers_stop.clone(),
