@@ -13,7 +13,9 @@
 # per request, which tansu serves at only 2-3k messages/s; more lets a
 # paced run reach tens of thousands a second, for CPU per message at a
 # fixed rate, at the cost of the producer's 20 ms linger in the latency),
-# PARTITIONS [12] of each input topic, MAX_UNACKED [node default] (sets
+# PARTITIONS [12] of each input topic, PROCESSES [1] receiving processes
+# of a throughput run (more than 1: the messages are spread over them, each
+# process's messages keyed by its id, all on the same receiver), MAX_UNACKED [node default] (sets
 # max_unacked and send_queue of both nodes), TLS [0] (1: each wasmrelay
 # run is followed by the same run on a second cluster with TLS on the
 # client listener and mutual TLS on the mesh, and a table of TLS /
@@ -33,6 +35,7 @@ LAT_RATE=${LAT_RATE:-1000}
 LAT_SECONDS=${LAT_SECONDS:-10}
 LAT_BATCH=${LAT_BATCH:-1}
 PARTITIONS=${PARTITIONS:-12}
+PROCESSES=${PROCESSES:-1}
 TLS=${TLS:-0}
 LAT_COUNT=$((LAT_RATE * LAT_SECONDS))
 
@@ -58,10 +61,13 @@ create_cluster_topics business.idle:1
 # (business.idle, its own group): B owns no partition of the benchmark's
 # input topics, so every message is consumed by node A, which finds the
 # process on B in its route table and forwards it over the mesh. The
-# receiving process sits on B.
+# receiving process sits on B, and stays there: rebalancing is off (with
+# PROCESSES > 1 it would move half of them to node A, which holds none, as
+# the run starts).
+NODE_EXTRA_CLUSTER="rebalance = false"
 MAX_UNACKED=${MAX_UNACKED:-}
 if [[ -n "$MAX_UNACKED" ]]; then
-  NODE_EXTRA_CLUSTER="max_unacked = $MAX_UNACKED"$'\n'"send_queue = $MAX_UNACKED"
+  NODE_EXTRA_CLUSTER+=$'\n'"max_unacked = $MAX_UNACKED"$'\n'"send_queue = $MAX_UNACKED"
 fi
 start_node node-b business.idle bench-b
 log "node-b ready: clients $NODE_CLIENT"
@@ -122,19 +128,27 @@ relay_run() {
   fi
   local topic="in-$measure-$where-$size$suffix" process="proc-$where-$size-$measure$suffix"
   local count out="$RUN_DIR/recv-$measure-$where-$size$suffix"
+  # The processes that receive (their ids, comma-separated).
+  local processes=$process
   create_topics "$topic:$PARTITIONS"
   if [[ $measure == throughput ]]; then
     count=$TPUT_COUNT
-    log "$where $size B: filling $topic with $count messages (one record per batch)"
-    "$TOOL" produce --bootstrap "$BOOTSTRAP" --topic "$topic" --count "$count" --size "$size" \
-      --process-id "$process" >"$out.produce"
+    log "$where $size B: filling $topic with $count messages for $PROCESSES process(es) (one record per batch)"
+    if ((PROCESSES > 1)); then
+      processes=$(seq -s, -f "$process-%g" 0 $((PROCESSES - 1)))
+      "$TOOL" produce --bootstrap "$BOOTSTRAP" --topic "$topic" --count "$count" --size "$size" \
+        --processes "$PROCESSES" --process-prefix "$process-" >"$out.produce"
+    else
+      "$TOOL" produce --bootstrap "$BOOTSTRAP" --topic "$topic" --count "$count" --size "$size" \
+        --process-id "$process" >"$out.produce"
+    fi
   else
     count=$LAT_COUNT
   fi
   rm -f "$out.ready"
   if [[ $where == routed ]]; then
     # Registered on node B before node A starts.
-    "$TOOL" receive --connect "${NODE_CLIENTS[$b]}" --process-ids "$process" "${ca_args[@]}" \
+    "$TOOL" receive --connect "${NODE_CLIENTS[$b]}" --process-ids "$processes" "${ca_args[@]}" \
       --expect "$count" --warmup "$([[ $measure == latency ]] && echo "$LAT_RATE" || echo 0)" \
       --ready-file "$out.ready" --timeout-s 300 --dump "$out.arrivals" >"$out.json" 2>"$out.err" &
     local receiver=$!
@@ -144,7 +158,7 @@ relay_run() {
   else
     # Node A's client listener is up before its flow consumes: the receiver
     # keeps trying until it registers there.
-    start_node_with_receiver "$sec" "$a" "$topic" "$process" "$count" "$measure" "$out" "${ca_args[@]}"
+    start_node_with_receiver "$sec" "$a" "$topic" "$processes" "$count" "$measure" "$out" "${ca_args[@]}"
     local receiver=$RECEIVER_PID
   fi
   local cpu_a cpu_b cpu_k
